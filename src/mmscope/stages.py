@@ -1,0 +1,93 @@
+"""The catalogue of every range name mmscope emits or reads (DESIGN §3).
+
+Emitters and the analyzer import these names; no other module spells a range name.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# --- API server (process 0) -------------------------------------------------------------
+HASH_PREFIX = "mm:hash:"
+PROCESSOR_PREFIX = "mm:processor:"
+
+# Branches of vLLM's MultiModalHasher.serialize_item, one range name each.
+HASH_BRANCHES = ("bytes", "str", "number", "pil_image", "image_bytes", "video", "tensor",
+                 "ndarray", "pickle")
+# vLLM's TimingContext stage names -> our processor stage names.
+PROCESSOR_STAGES = {
+    "get_mm_hashes": "get_mm_hashes",
+    "get_cache_missing_items": "cache_lookup",
+    "apply_hf_processor": "hf_processor",
+    "merge_mm_kwargs": "merge_mm_kwargs",
+    "apply_prompt_updates": "prompt_update",
+}
+
+# --- worker --------------------------------------------------------------------------------
+PREPROCESS = "gpu_model_runner: preprocess"
+FORWARD = "gpu_model_runner: forward"
+POSTPROCESS = "gpu_model_runner: postprocess"
+EC_LOAD = "ec_connector: load"
+VIT_FORWARD = "gpu_model_runner: vit_forward"
+EC_SAVE = "ec_connector: save"
+GATHER_MM_EMBEDDINGS = "gpu_model_runner: gather_mm_embeddings"
+EMBED_INPUT_IDS = "gpu_model_runner: embed_input_ids"
+PREPARE_MM_INPUTS = "gpu_model_runner: prepare_mm_inputs"
+STEP_META_PREFIX = "step_meta: "
+
+# The disjoint children of `preprocess` (the seed's tree).
+PREPROCESS_SIBLINGS = (EC_LOAD, VIT_FORWARD, EC_SAVE, GATHER_MM_EMBEDDINGS, EMBED_INPUT_IDS,
+                       PREPARE_MM_INPUTS)
+
+# Spellings found in profiles taken with the original vLLM pull request.
+ALIASES = {
+    "vit_forward": VIT_FORWARD,
+    "gather_mm_embeddings": GATHER_MM_EMBEDDINGS,
+    "embed_input_ids": EMBED_INPUT_IDS,
+    "_prepare_mm_inputs": PREPARE_MM_INPUTS,
+    "prepare_mm_inputs": PREPARE_MM_INPUTS,
+}
+
+
+def hash_range(branch: str) -> str:
+    return HASH_PREFIX + branch
+
+
+def processor_range(vllm_stage: str) -> str:
+    """Range name for one of vLLM's TimingContext stages (unknown stages keep their name)."""
+    return PROCESSOR_PREFIX + PROCESSOR_STAGES.get(vllm_stage, vllm_stage)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    prefill: int
+    decode: int
+    total: int
+    reqs: int
+
+
+def step_meta_range(shape: StepShape) -> str:
+    return (f"{STEP_META_PREFIX}prefill={shape.prefill} decode={shape.decode} "
+            f"total={shape.total} reqs={shape.reqs}")
+
+
+_STEP_META_RE = re.compile(
+    r"^step_meta: prefill=(\d+) decode=(\d+) total=(\d+) reqs=(\d+)$")
+
+
+def parse_step_meta(name: str) -> StepShape | None:
+    m = _STEP_META_RE.match(name)
+    return StepShape(*map(int, m.groups())) if m else None
+
+
+def canonical(name: str) -> str:
+    """The catalogue name for a range name as found in a profile."""
+    return ALIASES.get(name, name)
+
+
+# Parent of each catalogued range, as the analyzer checks it (None: no required parent).
+PARENTS: dict[str, str | None] = {name: PREPROCESS for name in PREPROCESS_SIBLINGS}
+PARENTS[PREPROCESS] = None
+PARENTS[FORWARD] = None
+
+ALL_FIXED = (PREPROCESS, FORWARD, POSTPROCESS) + PREPROCESS_SIBLINGS

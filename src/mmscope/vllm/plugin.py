@@ -1,0 +1,27 @@
+"""vLLM's entry point into mmscope: `register()` runs once in every vLLM process.
+
+vLLM starts EngineCore and workers with spawn on CPU, so this entry point is the only way in.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger("mmscope")
+
+_registered_pid: int | None = None
+
+
+def register() -> None:
+    """Called by vLLM's `load_general_plugins()`; cheap and idempotent per process."""
+    global _registered_pid
+    if _registered_pid == os.getpid():
+        return
+    _registered_pid = os.getpid()
+    from mmscope.vllm import compat
+
+    compat.install_pil_twins()
+
+
+def registered() -> bool:
+    return _registered_pid == os.getpid()

@@ -1,0 +1,19 @@
+"""Shared fixtures: the tiny model (built once per session) and vLLM's environment for tests."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# vLLM must never reach a model hub or phone home from tests, and must not take GiBs of KV cache.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    from mmscope import tiny_model
+
+    return tiny_model.build(str(tmp_path_factory.mktemp("tiny-llava")))
