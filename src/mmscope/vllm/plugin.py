@@ -19,8 +19,17 @@ def register() -> None:
         return
     _registered_pid = os.getpid()
     from mmscope.vllm import compat
+    from mmscope.vllm.instrumentor import get_instrumentor
 
     compat.install_pil_twins()
+    if os.environ.get("MMSCOPE_DISABLE", "0") not in ("", "0"):
+        logger.info("mmscope: MMSCOPE_DISABLE is set; no hooks applied")
+        return
+    try:
+        get_instrumentor().instrument()
+    except Exception as e:  # noqa: BLE001 - a broken plugin must not stop vLLM from starting
+        logger.warning("mmscope: could not instrument vLLM (%s: %s); vLLM runs unobserved",
+                       type(e).__name__, e)
 
 
 def registered() -> bool:

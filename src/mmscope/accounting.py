@@ -1,0 +1,198 @@
+"""Encoder-cache accounting by the rules of DESIGN §4, independent of any serving engine.
+
+The scheduler proposes a tentative decision per (request, item); only the step's outcome commits it.
+"""
+from __future__ import annotations
+
+import enum
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+SOURCES = ("local", "in_step", "connector")
+
+
+class Decision(enum.Enum):
+    LOCAL_HIT = "local"  # embedding resident in the encoder cache
+    DUPLICATE = "in_step"  # the same item appears earlier in the same request this step
+    CONNECTOR = "connector"  # the EC connector holds it and will load it
+    COMPUTE = "compute"  # the encoder will run for it
+    DEFERRED = "deferred"  # no encoder budget or cache space this step
+
+
+@dataclass(frozen=True)
+class Item:
+    """One multimodal input of one request; `key` is its content hash (the cache identifier)."""
+
+    request_id: str
+    index: int
+    modality: str
+    key: str
+    embeds: int
+
+
+@dataclass
+class EncoderCacheStats:
+    """Counts since the last drain, plus the cache's occupancy at the end of the last step."""
+
+    requests: int = 0  # requests that committed at least one item (the window unit of the hit rate)
+    queries: int = 0
+    hits: int = 0
+    misses: int = 0
+    deferrals: int = 0
+    evictions: int = 0
+    hits_by_source: Counter = field(default_factory=Counter)
+    queries_by_modality: Counter = field(default_factory=Counter)
+    hits_by_modality: Counter = field(default_factory=Counter)
+    usage_embeds: int | None = None
+    capacity_embeds: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.queries or self.deferrals or self.evictions)
+
+    def add(self, other: "EncoderCacheStats") -> None:
+        for name in ("requests", "queries", "hits", "misses", "deferrals", "evictions"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.hits_by_source.update(other.hits_by_source)
+        self.queries_by_modality.update(other.queries_by_modality)
+        self.hits_by_modality.update(other.hits_by_modality)
+        if other.capacity_embeds is not None:
+            self.usage_embeds, self.capacity_embeds = other.usage_embeds, other.capacity_embeds
+
+    # The wire form is a flat dict[str, int]: msgspec carries it between processes untouched.
+    def to_wire(self) -> dict[str, int]:
+        wire = {"requests": self.requests, "queries": self.queries, "hits": self.hits,
+                "misses": self.misses, "deferrals": self.deferrals, "evictions": self.evictions}
+        wire.update({f"hits_by_source:{k}": v for k, v in self.hits_by_source.items()})
+        wire.update({f"queries_by_modality:{k}": v for k, v in self.queries_by_modality.items()})
+        wire.update({f"hits_by_modality:{k}": v for k, v in self.hits_by_modality.items()})
+        if self.capacity_embeds is not None:
+            wire["usage_embeds"] = self.usage_embeds or 0
+            wire["capacity_embeds"] = self.capacity_embeds
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, int]) -> "EncoderCacheStats":
+        stats = cls(**{k: int(wire.get(k, 0)) for k in
+                       ("requests", "queries", "hits", "misses", "deferrals", "evictions")})
+        for key, value in wire.items():
+            group, _, label = key.partition(":")
+            if label:
+                getattr(stats, group)[label] += int(value)
+        if "capacity_embeds" in wire:
+            stats.usage_embeds = int(wire.get("usage_embeds", 0))
+            stats.capacity_embeds = int(wire["capacity_embeds"])
+        return stats
+
+
+ProbeSink = Callable[[str, Item, str | None], None]  # (outcome, item, hit source)
+
+
+class EncoderCacheLedger:
+    """Turns tentative per-item decisions into committed counts, once per (request, item)."""
+
+    def __init__(self, probe: ProbeSink | None = None):
+        self.probe = probe
+        self._stats = EncoderCacheStats()
+        self._proposals: dict[str, list[tuple[Item, Decision]]] = {}
+        self._committed: dict[str, set[int]] = defaultdict(set)
+        self._keys_allocated_this_step: set[str] = set()
+
+    # --- within a step ------------------------------------------------------------------------
+    def propose(self, item: Item, decision: Decision) -> None:
+        self._proposals.setdefault(item.request_id, []).append((item, decision))
+
+    def restart_request(self, request_id: str) -> None:
+        """The scheduler looks at this request again in the same step: the last look counts."""
+        self._proposals.pop(request_id, None)
+
+    def allocated(self, key: str) -> None:
+        """A scheduled request reserved cache space for `key` (computed or loaded) in this step."""
+        self._keys_allocated_this_step.add(key)
+
+    def forget(self, request_id: str) -> None:
+        """The request's encoder entries were freed (finished or preempted): a resumed request
+        commits its items again."""
+        self._committed.pop(request_id, None)
+
+    def evicted(self, count: int) -> None:
+        self._stats.evictions += count
+
+    def occupancy(self, usage_embeds: int, capacity_embeds: int) -> None:
+        self._stats.usage_embeds, self._stats.capacity_embeds = usage_embeds, capacity_embeds
+
+    # --- end of a step ------------------------------------------------------------------------
+    def commit_step(self, scheduled: set[str] | dict, computed: dict[str, list[int]]) -> None:
+        """`scheduled`: the step's scheduled request ids; `computed`: items the encoder runs."""
+        proposals, self._proposals = self._proposals, {}
+        step_keys, self._keys_allocated_this_step = self._keys_allocated_this_step, set()
+        for request_id, decisions in proposals.items():
+            if request_id in scheduled:
+                self._commit_request(request_id, decisions, set(computed.get(request_id, ())),
+                                     step_keys)
+            else:
+                self._count_deferrals(decisions)
+
+    def _commit_request(self, request_id, decisions, computed: set[int], step_keys) -> None:
+        done = self._committed[request_id]
+        committed_any = False
+        for item, decision in decisions:
+            if decision is Decision.DEFERRED:
+                self._defer(item)
+            elif item.index in done:
+                continue  # chunked prefill visits the item again: counted once
+            elif decision is Decision.COMPUTE:
+                if item.index in computed:  # a miss only once the encoder is really scheduled
+                    self._count(item, None)
+                    done.add(item.index)
+                    committed_any = True
+            else:
+                self._count(item, self._source(item, decision, step_keys))
+                done.add(item.index)
+                committed_any = True
+        if committed_any:
+            self._stats.requests += 1
+
+    @staticmethod
+    def _source(item: Item, decision: Decision, step_keys: set[str]) -> str:
+        if decision is Decision.LOCAL_HIT and item.key in step_keys:
+            return "in_step"  # another request of this step computes or loads it
+        return decision.value
+
+    def _count(self, item: Item, source: str | None) -> None:
+        s = self._stats
+        s.queries += 1
+        s.queries_by_modality[item.modality] += 1
+        if source is None:
+            s.misses += 1
+        else:
+            s.hits += 1
+            s.hits_by_source[source] += 1
+            s.hits_by_modality[item.modality] += 1
+        if self.probe:
+            self.probe("MISS" if source is None else "HIT", item, source)
+
+    def _defer(self, item: Item) -> None:
+        self._stats.deferrals += 1
+        if self.probe:
+            self.probe("DEFERRED", item, None)
+
+    def _count_deferrals(self, decisions) -> None:
+        for item, decision in decisions:
+            if decision is Decision.DEFERRED:
+                self._defer(item)
+
+    def drain(self) -> EncoderCacheStats:
+        """Counts since the last drain; the occupancy gauges carry over."""
+        stats = self._stats
+        self._stats = EncoderCacheStats(usage_embeds=stats.usage_embeds,
+                                        capacity_embeds=stats.capacity_embeds)
+        return stats
+
+
+def probe_line(outcome: str, item: Item, source: str | None) -> str:
+    """One grep-able line per committed input: ids, counts and a hash prefix, never content."""
+    src = f" source={source}" if source else ""
+    return (f"mm_cache_probe {outcome}{src} req={item.request_id} item={item.index} "
+            f"modality={item.modality} hash={item.key[:16]} embeds={item.embeds}")

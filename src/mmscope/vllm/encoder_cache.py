@@ -1,0 +1,121 @@
+"""What the EngineCore hooks observe: the scheduler's per-item encoder decisions, fed to the ledger.
+
+The wrappers never change an argument or a return value; they only read them.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+from mmscope.accounting import Decision, EncoderCacheLedger, Item, probe_line
+from mmscope.vllm.patching import logger
+
+PROBE_ENV = "VLLM_MM_CACHE_PROBE"
+
+
+def probe_enabled() -> bool:
+    return os.environ.get(PROBE_ENV, "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def _log_probe(outcome: str, item: Item, source: str | None) -> None:
+    logger.info(probe_line(outcome, item, source))
+
+
+def ledger_of(manager) -> EncoderCacheLedger:
+    """The ledger lives on vLLM's EncoderCacheManager: one per scheduler, created on first use."""
+    ledger = manager.__dict__.get("_mmscope_ledger")
+    if ledger is None:
+        ledger = manager._mmscope_ledger = EncoderCacheLedger(
+            probe=_log_probe if probe_enabled() else None)
+    return ledger
+
+
+def item_of(request, index: int) -> Item:
+    feature = request.mm_features[index]
+    return Item(request.request_id, index, feature.modality, feature.identifier,
+                feature.mm_position.get_num_embeds())
+
+
+@dataclass
+class _Probe:
+    """The request whose encoder inputs the scheduler is looking at right now."""
+
+    request: object
+    local_hits: list[int] = field(default_factory=list)
+    deferred: list[int] = field(default_factory=list)
+
+
+_current = threading.local()
+
+
+def _probing(request) -> _Probe | None:
+    probe = getattr(_current, "probe", None)
+    return probe if probe is not None and probe.request is request else None
+
+
+# --- Scheduler._try_schedule_encoder_inputs: one look at one request's items ------------------
+def begin_probe(scheduler, request, *args, **kwargs) -> _Probe:
+    ledger_of(scheduler.encoder_cache_manager).restart_request(request.request_id)
+    _current.probe = probe = _Probe(request)
+    return probe
+
+
+def end_probe(probe: _Probe, result, scheduler, request, *args, **kwargs) -> None:
+    _current.probe = None
+    if result is None:
+        return  # vLLM raised; nothing was decided
+    to_compute, _num_new_tokens, _budget, external_load, duplicates = result
+    decisions = {i: Decision.LOCAL_HIT for i in probe.local_hits}
+    decisions.update({i: Decision.DEFERRED for i in probe.deferred})
+    decisions.update({i: Decision.COMPUTE for i in to_compute})
+    decisions.update({i: Decision.CONNECTOR for i in external_load})
+    decisions.update({i: Decision.DUPLICATE for i in duplicates})
+    ledger = ledger_of(scheduler.encoder_cache_manager)
+    for index in sorted(decisions):
+        ledger.propose(item_of(request, index), decisions[index])
+
+
+# --- EncoderCacheManager: tentative answers while a probe is open ----------------------------
+def saw_cache_check(result, manager, request, input_id, *args, **kwargs) -> None:
+    probe = _probing(request)
+    if result and probe is not None:
+        probe.local_hits.append(input_id)
+
+
+def saw_can_allocate(result, manager, request, input_id, *args, **kwargs) -> None:
+    probe = _probing(request)
+    if not result and probe is not None:
+        probe.deferred.append(input_id)
+
+
+def saw_free(manager, request, *args, **kwargs) -> None:
+    ledger_of(manager).forget(request.request_id)
+
+
+def saw_evictions(result, manager, *args, **kwargs) -> None:
+    if result:
+        ledger_of(manager).evicted(len(result))
+
+
+# --- Scheduler: commits and emission ----------------------------------------------------------
+def saw_allocation(scheduler, request, input_ids, *args, **kwargs) -> None:
+    ledger = ledger_of(scheduler.encoder_cache_manager)
+    for input_id in input_ids:
+        ledger.allocated(request.mm_features[input_id].identifier)
+
+
+def saw_schedule(output, scheduler, *args, **kwargs) -> None:
+    manager = scheduler.encoder_cache_manager
+    ledger = ledger_of(manager)
+    ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)
+    ledger.occupancy(manager.cache_size - manager.num_free_slots, manager.cache_size)
+
+
+def attach_stats(outputs, scheduler, *args, **kwargs) -> None:
+    """Hand the counts to the one EngineCoreOutputs that carries this step's SchedulerStats."""
+    for eco in (outputs or {}).values():
+        stats = getattr(eco, "scheduler_stats", None)
+        if stats is not None:
+            stats.encoder_cache_stats = ledger_of(scheduler.encoder_cache_manager).drain().to_wire()
+            return

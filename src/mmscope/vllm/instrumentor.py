@@ -1,0 +1,81 @@
+"""`VllmInstrumentor`: applies and reverts every hook of the target table, once per process.
+
+Like an OpenTelemetry instrumentor: declares the versions it supports; instrument() / uninstrument().
+"""
+from __future__ import annotations
+
+import os
+
+from mmscope.vllm import schema, stat_loggers, targets
+from mmscope.vllm.patching import APPLIED, Hook, logger
+
+ENV_VARS = {
+    "VLLM_MM_CACHE_PROBE": "1: log one mm_cache_probe HIT/MISS/DEFERRED line per encoder input",
+}
+
+
+class VllmInstrumentor:
+    supported = targets.SUPPORTED_VLLM
+
+    def __init__(self):
+        self.hooks: list[Hook] = targets.all_hooks()
+        self.instrumented = False
+
+    def vllm_version(self) -> str | None:
+        try:
+            import vllm
+            return vllm.__version__
+        except Exception:  # noqa: BLE001
+            return None
+
+    def version_supported(self) -> bool:
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        v = self.vllm_version()
+        return v is not None and Version(v.split("+")[0]) in SpecifierSet(self.supported)
+
+    def instrument(self) -> dict[str, str]:
+        if self.instrumented:
+            return self.status()
+        if not self.version_supported():
+            logger.warning("mmscope: vLLM %s is outside the tested range %s; hooks whose targets "
+                           "match are applied, the others are reported by `mmscope doctor`",
+                           self.vllm_version(), self.supported)
+        register_env_vars()
+        schema.inject_scheduler_stats_field()
+        for hook in self.hooks:
+            hook.apply()
+        stat_loggers.install_log_filter()
+        self.instrumented = True
+        return self.status()
+
+    def uninstrument(self) -> None:
+        for hook in reversed(self.hooks):
+            hook.revert()
+        stat_loggers.remove_log_filter()
+        self.instrumented = False
+
+    def status(self) -> dict[str, str]:
+        return {h.name: h.describe() for h in self.hooks}
+
+    def all_applied(self) -> bool:
+        return all(h.status == APPLIED for h in self.hooks if h.required)
+
+
+def register_env_vars() -> None:
+    """Declare our VLLM_* variables in vLLM's table so its environment check does not warn."""
+    import vllm.envs as envs
+
+    for name in ENV_VARS:
+        envs.environment_variables.setdefault(name, lambda name=name: os.environ.get(name, "0"))
+
+
+_instrumentor: VllmInstrumentor | None = None
+
+
+def get_instrumentor() -> VllmInstrumentor:
+    global _instrumentor
+    if _instrumentor is None:
+        _instrumentor = VllmInstrumentor()
+    return _instrumentor

@@ -1,0 +1,187 @@
+"""How mmscope wraps vLLM (the mechanics), kept apart from what each wrapper measures.
+
+A `Hook` names one target attribute and one wrapper factory; applying checks, installs once, reverts.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+logger = logging.getLogger("vllm.mmscope")
+
+APPLIED, MISSING, MISMATCH, FAILED, OFF = "applied", "missing", "signature mismatch", "failed", "off"
+
+
+class HookState:
+    """Whether a hook's own code may run; the first exception inside it turns the hook off."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.enabled = True
+        self.error: str | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        if self.enabled:
+            self.enabled = False
+            self.error = f"{type(exc).__name__}: {exc}"
+            logger.warning("mmscope: hook %s raised %s; it is now off and vLLM continues "
+                           "without it", self.name, self.error)
+
+
+@dataclass
+class Hook:
+    """One wrapped attribute of vLLM. `path` is "module:Class.attr"; `params` the leading
+    parameter names the wrapper relies on (checked before patching)."""
+
+    name: str
+    path: str
+    params: tuple[str, ...]
+    factory: Callable[[Callable, HookState], Callable]
+    feature: str
+    process: str
+    required: bool = True
+    state: HookState = field(init=False)
+    status: str = field(default="not applied", init=False)
+    detail: str = field(default="", init=False)
+    _owner: object = field(default=None, init=False, repr=False)
+    _original: object = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        self.state = HookState(self.name)
+
+    # --- resolution and checks ----------------------------------------------------------------
+    def resolve(self) -> tuple[object, str, object]:
+        module_name, _, qual = self.path.partition(":")
+        owner_path, _, attr = qual.rpartition(".")
+        owner = importlib.import_module(module_name)
+        for part in filter(None, owner_path.split(".")):
+            owner = getattr(owner, part)
+        raw = inspect.getattr_static(owner, attr)
+        return owner, attr, raw
+
+    def check(self) -> tuple[bool, str]:
+        """(ok, detail) without patching anything: the target exists with the expected signature."""
+        try:
+            _, _, raw = self.resolve()
+        except (ImportError, AttributeError) as e:
+            self.status, self.detail = MISSING, f"{type(e).__name__}: {e}"
+            return False, self.detail
+        func = _function_of(raw)
+        try:
+            names = tuple(inspect.signature(func).parameters)
+        except (TypeError, ValueError):
+            names = ()
+        if names[: len(self.params)] != self.params:
+            self.status = MISMATCH
+            self.detail = f"expected ({', '.join(self.params)}, ...), found ({', '.join(names)})"
+            return False, self.detail
+        return True, ""
+
+    # --- install / revert ---------------------------------------------------------------------
+    def apply(self) -> str:
+        ok, detail = self.check()
+        if not ok:
+            level = logger.warning if self.required else logger.info
+            level("mmscope: cannot hook %s (%s): %s; the rest keeps working",
+                  self.name, self.path, detail)
+            return self.status
+        owner, attr, raw = self.resolve()
+        if getattr(_function_of(raw), "__mmscope_hook__", None) == self.name:
+            self.status = APPLIED  # already applied in this process (idempotent)
+            return self.status
+        wrapped = self.factory(_function_of(raw), self.state)
+        wrapped.__mmscope_hook__ = self.name
+        setattr(owner, attr, _rewrap_like(raw, wrapped))
+        self._owner, self._original = owner, raw
+        self.status, self.detail = APPLIED, ""
+        return self.status
+
+    def revert(self) -> None:
+        if self._owner is not None:
+            setattr(self._owner, self.path.rpartition(".")[2], self._original)
+            self._owner = self._original = None
+        self.status = "not applied"
+
+    def describe(self) -> str:
+        if self.status == APPLIED and not self.state.enabled:
+            return f"{OFF} after error: {self.state.error}"
+        return self.status + (f": {self.detail}" if self.detail else "")
+
+
+def _function_of(raw):
+    return raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+
+
+def _rewrap_like(raw, func):
+    if isinstance(raw, classmethod):
+        return classmethod(func)
+    if isinstance(raw, staticmethod):
+        return staticmethod(func)
+    return func
+
+
+def observe_after(observe: Callable) -> Callable[[Callable, HookState], Callable]:
+    """A wrapper factory: call the original, then `observe(result, *args, **kwargs)` safely.
+    vLLM's own exceptions pass through untouched; ours turn the hook off."""
+
+    def factory(original: Callable, state: HookState) -> Callable:
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if state.enabled:
+                try:
+                    observe(result, *args, **kwargs)
+                except Exception as e:  # noqa: BLE001 - instrumentation must not take vLLM down
+                    state.failed(e)
+            return result
+        return wrapper
+    return factory
+
+
+def observe_before(observe: Callable) -> Callable[[Callable, HookState], Callable]:
+    """A wrapper factory: `observe(*args, **kwargs)` safely, then call the original."""
+
+    def factory(original: Callable, state: HookState) -> Callable:
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            if state.enabled:
+                try:
+                    observe(*args, **kwargs)
+                except Exception as e:  # noqa: BLE001
+                    state.failed(e)
+            return original(*args, **kwargs)
+        return wrapper
+    return factory
+
+
+def observe_around(before: Callable, after: Callable) -> Callable[[Callable, HookState], Callable]:
+    """`token = before(*args)`; original; `after(token, result, *args)` — both guarded. `after`
+    runs even when the original raises (with result None) so per-call state is always reset."""
+
+    def factory(original: Callable, state: HookState) -> Callable:
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            token = None
+            active = state.enabled
+            if active:
+                try:
+                    token = before(*args, **kwargs)
+                except Exception as e:  # noqa: BLE001
+                    state.failed(e)
+                    active = False
+            result = None
+            try:
+                result = original(*args, **kwargs)
+                return result
+            finally:
+                if active and state.enabled:
+                    try:
+                        after(token, result, *args, **kwargs)
+                    except Exception as e:  # noqa: BLE001
+                        state.failed(e)
+        return wrapper
+    return factory

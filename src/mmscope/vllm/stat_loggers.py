@@ -1,0 +1,153 @@
+"""What the API-server hooks do with the counts: Prometheus series and the periodic log line.
+
+Formatting only; the counting happened in EngineCore (`encoder_cache.py`).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from mmscope.accounting import EncoderCacheStats
+from mmscope.vllm.schema import FIELD
+
+# name, documentation: the counters next to vllm:prefix_cache_* and vllm:mm_cache_*; "encoder
+# cache" everywhere so they cannot be mistaken for the processor cache (vllm:mm_cache_*).
+COUNTERS = {
+    "queries": ("vllm:encoder_cache_queries",
+                "Encoder cache queries, in terms of number of multimodal items committed for "
+                "scheduled requests (GPU encoder-output cache, not the processor cache)."),
+    "hits": ("vllm:encoder_cache_hits",
+             "Encoder cache hits, in terms of number of multimodal items whose encoder output "
+             "was reused instead of recomputed."),
+    "misses": ("vllm:encoder_cache_misses",
+               "Encoder cache misses, in terms of number of multimodal items the encoder ran for."),
+    "deferrals": ("vllm:encoder_cache_deferrals",
+                  "Multimodal items deferred to a later step for lack of encoder compute budget "
+                  "or encoder cache space (not counted as queries)."),
+    "evictions": ("vllm:encoder_cache_evictions",
+                  "Encoder cache entries evicted to make room, in terms of number of items."),
+}
+LABELED = {
+    "hits_by_source": ("vllm:encoder_cache_hits_by_source", "source",
+                       "Encoder cache hits by source: local (resident), in_step (computed by "
+                       "another request in the same step), connector (loaded by the EC connector)."),
+    "queries_by_modality": ("vllm:encoder_cache_queries_by_modality", "modality",
+                            "Encoder cache queries by modality, in items."),
+    "hits_by_modality": ("vllm:encoder_cache_hits_by_modality", "modality",
+                         "Encoder cache hits by modality, in items."),
+}
+GAUGES = {
+    "usage_embeds": ("vllm:encoder_cache_usage_embeds",
+                     "Encoder cache slots holding encoder outputs, in embeddings."),
+    "capacity_embeds": ("vllm:encoder_cache_capacity_embeds",
+                        "Encoder cache capacity, in embeddings."),
+}
+
+
+def stats_of(scheduler_stats) -> EncoderCacheStats | None:
+    wire = getattr(scheduler_stats, FIELD, None) if scheduler_stats is not None else None
+    return EncoderCacheStats.from_wire(wire) if wire else None
+
+
+class EncoderCacheProm:
+    """The Prometheus series, created by vLLM's PrometheusStatLogger right after its own (its
+    __init__ unregisters every vllm:* collector first, so ours must come after)."""
+
+    def __init__(self, counter_cls, gauge_cls, per_engine_labelvalues: dict[int, list]):
+        labels = ["model_name", "engine"]
+        self.labelvalues = per_engine_labelvalues
+        self.counters = {k: counter_cls(name=n, documentation=d, labelnames=labels)
+                         for k, (n, d) in COUNTERS.items()}
+        self.labeled = {k: counter_cls(name=n, documentation=d, labelnames=labels + [extra])
+                        for k, (n, extra, d) in LABELED.items()}
+        self.gauges = {k: gauge_cls(name=n, documentation=d, labelnames=labels,
+                                    multiprocess_mode="mostrecent")
+                       for k, (n, d) in GAUGES.items()}
+        # Zero-valued children per engine, so the series exist (and dashboards resolve) at once.
+        for idx, values in per_engine_labelvalues.items():
+            for metric in (*self.counters.values(), *self.gauges.values()):
+                metric.labels(*values)
+            for source in ("local", "in_step", "connector"):
+                self.labeled["hits_by_source"].labels(*values, source)
+
+    def observe(self, stats: EncoderCacheStats, engine_idx: int) -> None:
+        values = self.labelvalues.get(engine_idx)
+        if values is None:
+            return
+        for key, counter in self.counters.items():
+            if n := getattr(stats, key):
+                counter.labels(*values).inc(n)
+        for key, counter in self.labeled.items():
+            for label, n in getattr(stats, key).items():
+                counter.labels(*values, label).inc(n)
+        if stats.capacity_embeds is not None:
+            self.gauges["usage_embeds"].labels(*values).set(stats.usage_embeds or 0)
+            self.gauges["capacity_embeds"].labels(*values).set(stats.capacity_embeds)
+
+
+# --- PrometheusStatLogger hooks ---------------------------------------------------------------
+def prom_created(result, prom_logger, *args, **kwargs) -> None:
+    prom_logger._mmscope_prom = EncoderCacheProm(
+        prom_logger._counter_cls, prom_logger._gauge_cls, prom_logger.per_engine_labelvalues)
+
+
+def prom_recorded(result, prom_logger, scheduler_stats, iteration_stats=None,
+                  mm_cache_stats=None, engine_idx: int = 0) -> None:
+    stats = stats_of(scheduler_stats)
+    prom = getattr(prom_logger, "_mmscope_prom", None)
+    if stats is not None and prom is not None:
+        prom.observe(stats, engine_idx)
+
+
+# --- LoggingStatLogger hooks: the windowed rate and the log-line suffix -----------------------
+def log_recorded(result, log_logger, scheduler_stats, iteration_stats=None,
+                 mm_cache_stats=None, engine_idx: int = 0) -> None:
+    stats = stats_of(scheduler_stats)
+    if stats is None or not stats.queries:
+        return
+    from vllm.v1.metrics.stats import BaseCacheStats, CachingMetrics
+
+    window = log_logger.__dict__.get("_mmscope_window")
+    if window is None:
+        window = log_logger._mmscope_window = CachingMetrics()  # same window as the MM cache rate
+    window.observe(BaseCacheStats(requests=stats.requests, queries=stats.queries, hits=stats.hits))
+
+
+_logging_now = threading.local()
+
+
+def log_begin(log_logger, *args, **kwargs):
+    _logging_now.logger = log_logger
+
+
+def log_end(token, result, log_logger, *args, **kwargs):
+    _logging_now.logger = None
+
+
+class EncoderHitRateFilter(logging.Filter):
+    """Appends `Encoder cache hit rate: X.X%` to the stats line of the LoggingStatLogger whose
+    log() is running on this thread. vLLM builds that line in one call with no extension point."""
+
+    MARKER = "Avg prompt throughput"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        stat_logger = getattr(_logging_now, "logger", None)
+        if stat_logger is None or not isinstance(record.msg, str) or self.MARKER not in record.msg:
+            return True
+        window = stat_logger.__dict__.get("_mmscope_window")
+        if window is not None and not window.empty:
+            record.msg += ", Encoder cache hit rate: %.1f%%"
+            record.args = tuple(record.args or ()) + (window.hit_rate * 100,)
+        return True
+
+
+def install_log_filter() -> None:
+    target = logging.getLogger("vllm.v1.metrics.loggers")
+    if not any(isinstance(f, EncoderHitRateFilter) for f in target.filters):
+        target.addFilter(EncoderHitRateFilter())
+
+
+def remove_log_filter() -> None:
+    target = logging.getLogger("vllm.v1.metrics.loggers")
+    for f in [f for f in target.filters if isinstance(f, EncoderHitRateFilter)]:
+        target.removeFilter(f)

@@ -1,0 +1,62 @@
+"""The table of vLLM attributes mmscope wraps, for vLLM 0.32.x.
+
+Supporting another vLLM release means editing this table; wrappers and metrics stay as they are.
+"""
+from __future__ import annotations
+
+from mmscope.vllm import encoder_cache as ec
+from mmscope.vllm import stat_loggers as sl
+from mmscope.vllm.patching import Hook, observe_after, observe_around, observe_before
+
+SUPPORTED_VLLM = ">=0.32,<0.33"
+
+SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
+ECM = "vllm.v1.core.encoder_cache_manager:EncoderCacheManager"
+LOGGERS = "vllm.v1.metrics.loggers"
+
+
+def accounting_hooks() -> list[Hook]:
+    """EngineCore: the scheduler's encoder decisions (DESIGN §4)."""
+    return [
+        Hook("scheduler.encoder_probe", f"{SCHED}._try_schedule_encoder_inputs",
+             ("self", "request", "num_computed_tokens", "num_new_tokens", "encoder_compute_budget"),
+             observe_around(ec.begin_probe, ec.end_probe), "accounting", "EngineCore"),
+        Hook("encoder_cache.local_hit", f"{ECM}.check_and_update_cache",
+             ("self", "request", "input_id"), observe_after(ec.saw_cache_check),
+             "accounting", "EngineCore"),
+        Hook("encoder_cache.deferral", f"{ECM}.can_allocate",
+             ("self", "request", "input_id", "encoder_compute_budget"),
+             observe_after(ec.saw_can_allocate), "accounting", "EngineCore"),
+        Hook("encoder_cache.free", f"{ECM}.free", ("self", "request"),
+             observe_before(ec.saw_free), "accounting", "EngineCore"),
+        Hook("encoder_cache.evictions", f"{ECM}.get_freed_mm_hashes", ("self",),
+             observe_after(ec.saw_evictions), "accounting", "EngineCore"),
+        Hook("scheduler.allocate", f"{SCHED}._allocate_encoder_inputs",
+             ("self", "request", "input_ids", "duplicate_input_ids"),
+             observe_before(ec.saw_allocation), "accounting", "EngineCore"),
+        Hook("scheduler.commit", f"{SCHED}.schedule", ("self",),
+             observe_after(ec.saw_schedule), "accounting", "EngineCore"),
+        Hook("scheduler.emit_stats", f"{SCHED}.update_from_output",
+             ("self", "scheduler_output", "model_runner_output"),
+             observe_after(ec.attach_stats), "accounting", "EngineCore"),
+    ]
+
+
+def metrics_hooks() -> list[Hook]:
+    """API server (or the offline LLM's process): Prometheus series and the stats line."""
+    record = ("self", "scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx")
+    return [
+        Hook("prometheus.create", f"{LOGGERS}:PrometheusStatLogger.__init__",
+             ("self", "vllm_config", "engine_indexes"), observe_after(sl.prom_created),
+             "metrics", "API server"),
+        Hook("prometheus.record", f"{LOGGERS}:PrometheusStatLogger.record", record,
+             observe_after(sl.prom_recorded), "metrics", "API server"),
+        Hook("log_line.record", f"{LOGGERS}:LoggingStatLogger.record", record,
+             observe_after(sl.log_recorded), "metrics", "API server"),
+        Hook("log_line.format", f"{LOGGERS}:LoggingStatLogger.log", ("self",),
+             observe_around(sl.log_begin, sl.log_end), "metrics", "API server"),
+    ]
+
+
+def all_hooks() -> list[Hook]:
+    return accounting_hooks() + metrics_hooks()

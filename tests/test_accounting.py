@@ -1,0 +1,151 @@
+"""The accounting core: exact counts for scripted steps, and properties against a plain model."""
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings, strategies as st
+
+from mmscope.accounting import Decision, EncoderCacheLedger, EncoderCacheStats, Item, probe_line
+
+D = Decision
+
+
+def item(req, idx, key=None, modality="image"):
+    return Item(req, idx, modality, key or f"h-{req}-{idx}", 16)
+
+
+def test_a_miss_needs_the_encoder_to_be_scheduled():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0), D.COMPUTE)
+    led.propose(item("b", 0), D.COMPUTE)
+    # b was probed but not scheduled (e.g. no KV blocks): nothing of it counts.
+    led.commit_step({"a": 10}, {"a": [0]})
+    s = led.drain()
+    assert (s.queries, s.hits, s.misses, s.deferrals, s.requests) == (1, 0, 1, 0, 1)
+
+
+def test_deferred_items_count_only_as_deferrals_until_committed():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0), D.COMPUTE)
+    led.propose(item("a", 1), D.DEFERRED)
+    led.commit_step({"a": 5}, {"a": [0]})
+    s = led.drain()
+    assert (s.queries, s.misses, s.deferrals) == (1, 1, 1)
+    led.propose(item("a", 1), D.COMPUTE)
+    led.commit_step({"a": 5}, {"a": [1]})
+    s = led.drain()
+    assert (s.queries, s.misses, s.deferrals) == (1, 1, 0)
+
+
+def test_chunked_prefill_counts_each_item_once_until_freed():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0), D.COMPUTE)
+    led.commit_step({"a": 8}, {"a": [0]})
+    led.propose(item("a", 0), D.LOCAL_HIT)  # next chunk sees its own entry
+    led.commit_step({"a": 8}, {})
+    assert led.drain().queries == 1
+    led.forget("a")  # preempted: entries freed
+    led.propose(item("a", 0), D.LOCAL_HIT)
+    led.commit_step({"a": 8}, {})
+    s = led.drain()
+    assert (s.queries, s.hits, s.hits_by_source) == (1, 1, Counter(local=1))
+
+
+def test_sources_local_in_step_connector():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0, "x"), D.COMPUTE)
+    led.propose(item("a", 1, "x"), D.DUPLICATE)
+    led.allocated("x")
+    led.propose(item("b", 0, "x"), D.LOCAL_HIT)  # resident only because a computes it now
+    led.propose(item("c", 0, "y"), D.CONNECTOR)
+    led.propose(item("d", 0, "z", "video"), D.LOCAL_HIT)
+    led.commit_step({"a": 1, "b": 1, "c": 1, "d": 1}, {"a": [0]})
+    s = led.drain()
+    assert (s.queries, s.hits, s.misses) == (5, 4, 1)
+    assert s.hits_by_source == Counter(in_step=2, connector=1, local=1)
+    assert s.queries_by_modality == Counter(image=4, video=1)
+    assert s.hits_by_modality == Counter(image=3, video=1)
+
+
+def test_probe_lines_carry_ids_counts_and_hash_prefix_only():
+    lines = []
+    led = EncoderCacheLedger(probe=lambda o, i, s: lines.append(probe_line(o, i, s)))
+    led.propose(Item("r1", 0, "image", "3f2a" * 16, 576), D.LOCAL_HIT)
+    led.propose(Item("r1", 1, "image", "beef" * 16, 576), D.DEFERRED)
+    led.commit_step({"r1": 1}, {})
+    assert lines == [
+        "mm_cache_probe HIT source=local req=r1 item=0 modality=image hash=3f2a3f2a3f2a3f2a embeds=576",
+        "mm_cache_probe DEFERRED req=r1 item=1 modality=image hash=beefbeefbeefbeef embeds=576",
+    ]
+
+
+def test_wire_round_trip_and_add():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0, "x"), D.COMPUTE)
+    led.propose(item("b", 0, "y"), D.CONNECTOR)
+    led.evicted(2)
+    led.occupancy(32, 256)
+    led.commit_step({"a": 1, "b": 1}, {"a": [0]})
+    s = led.drain()
+    back = EncoderCacheStats.from_wire(s.to_wire())
+    assert back == s
+    assert all(isinstance(v, int) for v in s.to_wire().values())
+    total = EncoderCacheStats()
+    total.add(back)
+    total.add(back)
+    assert (total.queries, total.evictions, total.usage_embeds) == (4, 4, 32)
+    # Occupancy carries over a drain; counts do not.
+    nxt = led.drain()
+    assert (nxt.queries, nxt.usage_embeds, nxt.capacity_embeds) == (0, 32, 256)
+
+
+# --- property test against a plain model -------------------------------------------------------
+decisions = st.sampled_from(list(Decision))
+proposal = st.tuples(st.sampled_from("abc"), st.integers(0, 2), decisions)
+step = st.tuples(st.lists(proposal, max_size=6), st.sets(st.sampled_from("abc")),
+                 st.sets(st.sampled_from("abc")))  # proposals, scheduled, forgotten after
+
+
+def reference(steps):
+    """DESIGN §4 restated plainly: a (request, item) counts once per residency."""
+    q = h = m = d = 0
+    done: dict[str, set] = {r: set() for r in "abc"}
+    for proposals, scheduled, forgotten in steps:
+        seen = {}
+        for req, idx, dec in proposals:
+            seen.setdefault(req, []).append((idx, dec))
+        for req, decs in seen.items():
+            for idx, dec in decs:
+                if dec is Decision.DEFERRED:
+                    d += 1
+                elif req in scheduled and idx not in done[req]:
+                    done[req].add(idx)
+                    q += 1
+                    if dec is Decision.COMPUTE:
+                        m += 1
+                    else:
+                        h += 1
+        for req in forgotten:
+            done[req] = set()
+    return q, h, m, d
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(step, max_size=8))
+def test_ledger_matches_reference_model(steps):
+    led = EncoderCacheLedger()
+    total = EncoderCacheStats()
+    for proposals, scheduled, forgotten in steps:
+        computed: dict[str, list[int]] = {}
+        for req, idx, dec in proposals:
+            led.propose(item(req, idx), dec)
+            if dec is Decision.COMPUTE:
+                computed.setdefault(req, []).append(idx)
+        led.commit_step(scheduled, {r: v for r, v in computed.items() if r in scheduled})
+        for req in forgotten:
+            led.forget(req)
+        s = led.drain()
+        assert s.queries == s.hits + s.misses
+        assert sum(s.hits_by_source.values()) == s.hits
+        total.add(s)
+    assert (total.queries, total.hits, total.misses, total.deferrals) == reference(steps)
