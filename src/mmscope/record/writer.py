@@ -1,0 +1,452 @@
+"""Turns the spool files of a recording into one SQLite file in the Nsight Systems export schema.
+
+Rows follow `nsys export --type sqlite` (schema 3.28.1, see shared/reference): NVTX_EVENTS with
+nsys's event types and globalTid encoding, StringIds, ThreadNames, PROCESSES, the enum tables and
+the export metadata. Timestamps are CLOCK_MONOTONIC_RAW ns relative to the session start.
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime as _dt
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mmscope.record import native_library
+from mmscope.record.spool import (END, MARK, MSG_ASCII, MSG_REGISTERED, MSG_UNICODE, PUSH, START,
+                                  Process, read_spool_dir)
+
+SCHEMA_VERSION = "3.28.1"
+VM_ID = 1  # nsys puts the local machine's VM id 1 into bits 48-55 of globalTid/globalPid
+MAX_TEXT_BYTES = 32768  # keeps every row inside one 64 KiB SQLite page
+
+EVENT_TYPES = [(33, "NvtxCategory"), (34, "NvtxMark"), (39, "NvtxThread"), (59, "NvtxPushPopRange"),
+               (60, "NvtxStartEndRange"), (70, "NvtxtPushPopRange"), (71, "NvtxtStartEndRange"),
+               (75, "NvtxDomainCreate"), (76, "NvtxDomainDestroy")]
+EVENT_CLASSES = [(0, "TRACE_PROCESS_EVENT_CUDA_RUNTIME"), (1, "TRACE_PROCESS_EVENT_CUDA_DRIVER")]
+
+NVTX_EVENTS_SQL = (
+    "CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, end INTEGER, eventType INTEGER NOT NULL, "
+    "rangeId INTEGER, category INTEGER, color INTEGER, text TEXT, globalTid INTEGER, "
+    "endGlobalTid INTEGER, textId INTEGER, domainId INTEGER, uint64Value INTEGER, "
+    "int64Value INTEGER, doubleValue REAL, uint32Value INTEGER, int32Value INTEGER, "
+    "floatValue REAL, jsonTextId INTEGER, jsonText TEXT, binaryData TEXT, "
+    "eventId INTEGER NOT NULL PRIMARY KEY)")
+NVTX_COLUMNS = ["start", "end", "eventType", "rangeId", "category", "color", "text", "globalTid",
+                "endGlobalTid", "textId", "domainId", "uint64Value", "int64Value", "doubleValue",
+                "uint32Value", "int32Value", "floatValue", "jsonTextId", "jsonText", "binaryData",
+                "eventId"]
+REAL_COLUMNS = {"doubleValue", "floatValue"}
+OTHER_TABLES = [
+    "CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE ThreadNames (nameId INTEGER NOT NULL, priority INTEGER, globalTid INTEGER)",
+    "CREATE TABLE PROCESSES (globalPid INTEGER, pid INTEGER, name TEXT)",
+    "CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INTEGER, utcTime TEXT, "
+    "localTime TEXT, systemClockNs INTEGER, sessionStartCntVctNs INTEGER)",
+    "CREATE TABLE ANALYSIS_DETAILS (globalVid INTEGER NOT NULL, duration INTEGER NOT NULL, "
+    "startTime INTEGER NOT NULL, stopTime INTEGER NOT NULL)",
+    "CREATE TABLE META_DATA_EXPORT (name TEXT NOT NULL, value TEXT)",
+    "CREATE TABLE ENUM_NSYS_EVENT_TYPE (id INTEGER NOT NULL PRIMARY KEY, name TEXT, label TEXT)",
+    "CREATE TABLE ENUM_NSYS_EVENT_CLASS (id INTEGER NOT NULL PRIMARY KEY, name TEXT, label TEXT)",
+]
+
+
+@dataclass
+class Session:
+    """What the recorder knows about the run: its start on CLOCK_MONOTONIC_RAW and on the wall
+    clock, and (ticks, ns) clock pairs taken around it."""
+    start_ns: int | None = None
+    end_ns: int | None = None
+    utc_epoch_ns: int | None = None
+    pairs: list[tuple[int, int]] = field(default_factory=list)
+    tsc: bool = False
+
+
+@dataclass
+class Summary:
+    events: int
+    processes: int
+    threads: int
+    path: str
+
+
+def gpid(pid: int) -> int:
+    return (VM_ID << 48) | ((pid & 0xFFFFFF) << 24)
+
+
+# ---- clock ----------------------------------------------------------------------------------------
+
+def clock_pair() -> tuple[int, int, bool]:
+    """(ticks, CLOCK_MONOTONIC_RAW ns, ticks-are-TSC) read now through the injection library."""
+    path = native_library("_nvtx_inject")
+    if path is None:
+        ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW)
+        return ns, ns, False
+    lib = ctypes.CDLL(path)
+    ticks, ns = ctypes.c_uint64(), ctypes.c_uint64()
+    tsc = lib.mmscope_clock_pair(ctypes.byref(ticks), ctypes.byref(ns))
+    return ticks.value, ns.value, bool(tsc)
+
+
+class TickClock:
+    """Maps TSC ticks to CLOCK_MONOTONIC_RAW ns by a least-squares line through every pair.
+
+    The kernel derives that clock linearly from the same TSC, so the line is exact up to the
+    jitter of the pairs; pairs far apart (session start and end, process start and exit) pin the
+    slope to well below a part per million."""
+
+    def __init__(self, pairs: list[tuple[int, int]]):
+        pts = sorted(set(pairs))
+        if len(pts) < 2 or pts[-1][0] - pts[0][0] < 1_000_000:
+            now = clock_pair()
+            if now[2]:
+                pts.append(now[:2])
+        self.t0, self.n0 = pts[0]
+        if len(pts) < 2:
+            self.slope = 1.0
+            return
+        dt = np.array([p[0] - self.t0 for p in pts], np.float64)
+        dn = np.array([p[1] - self.n0 for p in pts], np.float64)
+        self.slope = float((dt * dn).sum() / (dt * dt).sum()) if (dt * dt).sum() else 1.0
+
+    def ns(self, ticks: np.ndarray) -> np.ndarray:
+        rel = ticks.astype(np.int64) - np.int64(self.t0)
+        return np.rint(rel.astype(np.float64) * self.slope).astype(np.int64) + np.int64(self.n0)
+
+
+class RawClock:
+    def ns(self, ticks: np.ndarray) -> np.ndarray:
+        return ticks.astype(np.int64)
+
+
+# ---- strings ---------------------------------------------------------------------------------------
+
+class StringPool:
+    """Global string table: StringIds ids are index + 1; the C writer takes indexes into a blob."""
+
+    def __init__(self):
+        self.index: dict[str, int] = {}
+        self.values: list[str] = []
+
+    def add(self, s: str) -> int:
+        i = self.index.get(s)
+        if i is None:
+            i = self.index[s] = len(self.values)
+            self.values.append(s)
+        return i
+
+    def local_map(self, strings: dict[int, str]) -> np.ndarray:
+        """Array mapping a process's string ids to pool indexes (-1 for unknown ids)."""
+        lut = np.full(max(strings, default=0) + 1, -1, np.int64)
+        for sid, s in strings.items():
+            lut[sid] = self.add(_clip(s))
+        return lut
+
+    def blob(self) -> tuple[bytes, np.ndarray]:
+        encoded = [s.encode("utf-8") for s in self.values]
+        offsets = np.zeros(len(encoded) + 1, np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        return b"".join(encoded), offsets
+
+
+def _clip(s: str) -> str:
+    b = s.encode("utf-8", "replace")
+    return s if len(b) <= MAX_TEXT_BYTES else b[:MAX_TEXT_BYTES].decode("utf-8", "ignore")
+
+
+# ---- rows ------------------------------------------------------------------------------------------
+
+class Columns:
+    """NVTX_EVENTS as column arrays plus NULL masks, built per process and concatenated."""
+
+    INT32 = {"eventType", "category", "domainId", "textId"}
+
+    def __init__(self):
+        self.parts: list[dict[str, tuple[np.ndarray, np.ndarray | None]]] = []
+
+    def add(self, n: int, **cols) -> None:
+        part = {}
+        for name, value in cols.items():
+            if isinstance(value, tuple):
+                part[name] = value
+            elif np.isscalar(value):
+                part[name] = (np.full(n, value), None)
+            else:
+                part[name] = (value, None)
+        part["_n"] = n
+        self.parts.append(part)
+
+    def build(self) -> tuple[int, dict[str, tuple[np.ndarray, np.ndarray | None]]]:
+        """Concatenates, sorts by start (stable, so each thread keeps its order), returns columns."""
+        n = sum(p["_n"] for p in self.parts)
+        out = {}
+        for name in NVTX_COLUMNS:
+            if not any(name in p for p in self.parts):
+                continue
+            out[name] = self._concat(name, n)
+        if not n:
+            return 0, {}
+        order = np.argsort(out["start"][0], kind="stable")
+        return n, {k: (v[order], None if m is None else m[order]) for k, (v, m) in out.items()}
+
+    def _concat(self, name, n):
+        dtype = np.float64 if name in REAL_COLUMNS else np.int32 if name in self.INT32 else np.int64
+        vals, masks, any_mask = [], [], False
+        for p in self.parts:
+            v, m = p.get(name, (None, None))
+            if v is None:
+                vals.append(np.zeros(p["_n"], dtype))
+                masks.append(np.ones(p["_n"], bool))
+                any_mask = True
+            else:
+                vals.append(np.asarray(v).astype(dtype, copy=False))
+                masks.append(np.zeros(p["_n"], bool) if m is None else m)
+                any_mask = any_mask or m is not None
+        return np.concatenate(vals) if vals else np.zeros(0, dtype), \
+            (np.concatenate(masks) if any_mask else None)
+
+
+def _payload_columns(ev: np.ndarray) -> dict:
+    """nsys's six payload columns from the NVTX payload type and the raw 8 bytes."""
+    raw, ptype = ev["payload"], ev["ptype"]
+    cols = {}
+    low = (raw & 0xFFFFFFFF).astype(np.uint32)
+    spec = {
+        "uint64Value": (1, lambda: raw.view(np.int64)),
+        "int64Value": (2, lambda: raw.view(np.int64)),
+        "doubleValue": (3, lambda: raw.view(np.float64)),
+        "uint32Value": (4, lambda: low.astype(np.int64)),
+        "int32Value": (5, lambda: low.view(np.int32).astype(np.int64)),
+        "floatValue": (6, lambda: low.view(np.float32).astype(np.float64)),
+    }
+    for name, (code, value) in spec.items():
+        hit = ptype == code
+        if hit.any():
+            cols[name] = (value(), ~hit)
+    return cols
+
+
+def _event_rows(cols: Columns, proc: Process, clock, t0: int, lut: np.ndarray) -> None:
+    ev, tids = proc.events, proc.tids
+    base = gpid(proc.pid)
+    starts = ev[ev["kind"] == START]
+    ends = ev["kind"] == END
+    end_ts, end_tid = _join_ends(starts["aux"], ev["aux"][ends], ev["start"][ends], tids[ends])
+    keep = ev["kind"] != END
+    ev, tids = ev[keep], tids[keep]
+    kind = ev["kind"]
+    start = clock.ns(ev["start"]) - t0
+    end_ticks = np.where(kind == PUSH, ev["aux"], 0)
+    is_start = kind == START
+    end_ticks[is_start] = end_ts
+    open_ = end_ticks == 0
+    end = np.where(open_, 0, clock.ns(end_ticks) - t0)
+    gtid = np.int64(base) + tids.astype(np.int64)
+    egt = np.zeros(len(ev), np.int64)
+    egt_null = np.ones(len(ev), bool)
+    cross = (end_tid != 0) & (end_tid != tids[is_start])
+    at = np.flatnonzero(is_start)[cross]
+    egt[at] = base + end_tid[cross].astype(np.int64)
+    egt_null[at] = False
+    text_idx = _lookup(lut, ev["text"])
+    registered = ev["msgtype"] == MSG_REGISTERED
+    plain = (ev["msgtype"] == MSG_ASCII) | (ev["msgtype"] == MSG_UNICODE)
+    etype = np.select([kind == PUSH, kind == START, kind == MARK], [59, 60, 34], 0)
+    cols.add(
+        len(ev), start=start, end=(end, open_ | (kind == MARK)), eventType=etype,
+        rangeId=(ev["aux"].astype(np.int64), ~is_start),
+        category=(ev["category"].astype(np.int64), ev["category"] == 0),
+        color=(ev["color"].astype(np.int64), ev["colortype"] != 1),
+        text=np.where(plain, text_idx, -1), globalTid=gtid, endGlobalTid=(egt, egt_null),
+        textId=(text_idx + 1, ~registered | (text_idx < 0)), domainId=ev["domain"].astype(np.int64),
+        **_payload_columns(ev))
+
+
+def _lookup(lut: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Pool indexes of a process's string ids; -1 for 0 (no string) and ids never defined."""
+    out = np.full(len(ids), -1, np.int64)
+    ok = (ids > 0) & (ids < lut.size)
+    out[ok] = lut[ids[ok]]
+    return out
+
+
+def _join_ends(rids, end_rids, end_ticks, end_tids):
+    """End time and thread of each start/end range (0 where it never ended)."""
+    ts = np.zeros(len(rids), np.uint64)
+    tid = np.zeros(len(rids), np.uint32)
+    if len(rids) and len(end_rids):
+        order = np.argsort(end_rids, kind="stable")
+        sorted_ids = end_rids[order]
+        pos = np.minimum(np.searchsorted(sorted_ids, rids), len(sorted_ids) - 1)
+        hit = sorted_ids[pos] == rids
+        ts[hit] = end_ticks[order][pos[hit]]
+        tid[hit] = end_tids[order][pos[hit]]
+    return ts, tid
+
+
+def _meta_rows(cols: Columns, proc: Process, clock, t0: int, lut: np.ndarray) -> None:
+    """Domain-create (75), category (33) and thread-name (39) rows; names go in `text`."""
+    base = gpid(proc.pid)
+    rows = [(75, did, 0, sid, tid, tk) for did, sid, tid, tk in proc.domains]
+    rows += [(33, dom, cat, sid, tid, tk) for dom, cat, sid, tid, tk in proc.categories]
+    rows += [(39, 0, 0, sid, tid, tk) for tid, sid, source, tk in proc.thread_names if source == 1]
+    if not rows:
+        return
+    a = np.array(rows, np.int64)
+    ticks = np.array([r[5] for r in rows], np.uint64)
+    text = _lookup(lut, a[:, 3])
+    cols.add(len(a), start=clock.ns(ticks) - t0, end=(np.zeros(len(a), np.int64), np.ones(len(a), bool)),
+             eventType=a[:, 0], category=(a[:, 2], a[:, 0] != 33), text=text,
+             globalTid=base + a[:, 4], domainId=a[:, 1])
+
+
+# ---- SQLite ----------------------------------------------------------------------------------------
+
+_COL_NULL, _COL_INT, _COL_REAL, _COL_TEXT, _COL_INT32 = 0, 1, 2, 3, 4
+
+
+def _write_events_native(path: str, n: int, cols: dict, blob: bytes, offsets: np.ndarray) -> bool:
+    lib_path = native_library("_sqlite_pages")
+    if lib_path is None:
+        return False
+    lib = ctypes.CDLL(lib_path)
+    k = len(NVTX_COLUMNS)
+    types = (ctypes.c_int32 * k)()
+    data = (ctypes.c_void_p * k)()
+    nulls = (ctypes.c_void_p * k)()
+    keep = []
+    for i, name in enumerate(NVTX_COLUMNS):
+        if name not in cols:
+            types[i] = _COL_NULL
+            continue
+        v, m = cols[name]
+        if name == "text":
+            types[i] = _COL_TEXT
+            v = np.ascontiguousarray(v, np.int64)
+        elif name in REAL_COLUMNS:
+            types[i] = _COL_REAL
+            v = np.ascontiguousarray(v, np.float64)
+        elif v.dtype == np.int32:
+            types[i] = _COL_INT32
+            v = np.ascontiguousarray(v)
+        else:
+            types[i] = _COL_INT
+            v = np.ascontiguousarray(v, np.int64)
+        keep.append(v)
+        data[i] = v.ctypes.data
+        if m is not None:
+            m = np.ascontiguousarray(m, np.uint8)
+            keep.append(m)
+            nulls[i] = m.ctypes.data
+    err = ctypes.create_string_buffer(256)
+    offsets = np.ascontiguousarray(offsets, np.int64)
+    rc = lib.mm_sqlite_write_table(
+        os.fsencode(path), ctypes.c_uint32(65536), b"NVTX_EVENTS", NVTX_EVENTS_SQL.encode(),
+        ctypes.c_int64(n), ctypes.c_int32(k), types, data, nulls, blob,
+        offsets.ctypes.data_as(ctypes.c_void_p), err, ctypes.c_int32(len(err)))
+    if rc != 0:
+        raise OSError(f"cannot write {path}: {err.value.decode(errors='replace')}")
+    return True
+
+
+def _write_events_sqlite(con: sqlite3.Connection, cols: dict, strings: list[str]) -> None:
+    """The plain path, for builds without the C writer (and as its reference in tests)."""
+    names = [c for c in NVTX_COLUMNS if c in cols]
+    lists = []
+    for name in names:
+        v, m = cols[name]
+        vals = v.tolist()
+        if name == "text":
+            vals = [None if i < 0 else strings[i] for i in vals]
+        elif name in REAL_COLUMNS:
+            vals = [None if x != x else x for x in vals]
+        if m is not None:
+            vals = [None if null else x for x, null in zip(vals, m.tolist())]
+        lists.append(vals)
+    sql = f"INSERT INTO NVTX_EVENTS ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+    con.executemany(sql, zip(*lists))
+
+
+def _tables(con: sqlite3.Connection, pool: StringPool, procs: list[Process], t0_ns: int,
+            session: Session, duration: int, thread_rows: list[tuple[int, int]]) -> None:
+    for ddl in OTHER_TABLES:
+        con.execute(ddl)
+    con.executemany("INSERT INTO StringIds VALUES (?, ?)", ((i + 1, s) for i, s in enumerate(pool.values)))
+    con.executemany("INSERT INTO ThreadNames VALUES (?, NULL, ?)", thread_rows)
+    con.executemany("INSERT INTO PROCESSES VALUES (?, ?, ?)", ((gpid(p.pid), p.pid, p.comm) for p in procs))
+    epoch = session.utc_epoch_ns or time.time_ns()
+    utc = _dt.datetime.fromtimestamp(epoch / 1e9, _dt.timezone.utc)
+    con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?, ?, ?, NULL, NULL)",
+                (epoch, utc.isoformat(timespec="milliseconds"), utc.astimezone().isoformat(timespec="milliseconds")))
+    con.execute("INSERT INTO ANALYSIS_DETAILS VALUES (?, ?, 0, ?)", (VM_ID << 48, duration, duration))
+    from mmscope import __version__
+    con.executemany("INSERT INTO META_DATA_EXPORT VALUES (?, ?)", [
+        ("EXPORT_SCHEMA_VERSION", SCHEMA_VERSION),
+        ("MMSCOPE_RECORD_VERSION", __version__),
+        ("MMSCOPE_RECORD_CLOCK", "CLOCK_MONOTONIC_RAW" + (" via TSC" if any(p.tsc for p in procs) else "")),
+        ("MMSCOPE_RECORD_SESSION_START_RAW_NS", str(t0_ns)),
+    ])
+    con.executemany("INSERT INTO ENUM_NSYS_EVENT_TYPE (id, name) VALUES (?, ?)", EVENT_TYPES)
+    con.executemany("INSERT INTO ENUM_NSYS_EVENT_CLASS (id, name) VALUES (?, ?)", EVENT_CLASSES)
+
+
+def _thread_rows(procs: list[Process], luts: list[np.ndarray]) -> tuple[list[tuple[int, int]], int]:
+    """ThreadNames rows: the name a thread was given through NVTX, else its OS name."""
+    rows, threads = [], 0
+    for proc, lut in zip(procs, luts):
+        names: dict[int, tuple[int, int]] = {}
+        for tid, sid, source, _ in proc.thread_names:
+            if 0 < sid < lut.size and lut[sid] >= 0 and (tid not in names or source >= names[tid][1]):
+                names[tid] = (int(lut[sid]) + 1, source)
+        seen = set(np.unique(proc.tids).tolist())
+        threads += len(seen)
+        rows += [(name_id, gpid(proc.pid) | tid) for tid, (name_id, _) in sorted(names.items())]
+    return rows, threads
+
+
+def write_export(spool_dir: str, out_path: str, session: Session | None = None,
+                 native: bool = True) -> Summary:
+    """Reads every spool in `spool_dir` and writes `out_path` (replaced atomically)."""
+    session = session or Session()
+    procs = read_spool_dir(spool_dir)
+    pairs = list(session.pairs) if session.tsc else []
+    for p in procs:
+        if p.tsc:
+            pairs += p.pairs
+    tick_clock = TickClock(pairs) if pairs else None
+    clocks = [tick_clock if p.tsc else RawClock() for p in procs]
+    t0 = session.start_ns if session.start_ns is not None else min(
+        (p.pairs[0][1] for p in procs), default=0)
+    pool, cols, luts = StringPool(), Columns(), []
+    for p, c in zip(procs, clocks):
+        lut = pool.local_map(p.strings)
+        luts.append(lut)
+        _event_rows(cols, p, c, t0, lut)
+        _meta_rows(cols, p, c, t0, lut)
+        p.events = p.events[:0]  # the spool arrays are no longer needed
+    n, columns = cols.build()
+    thread_rows, nthreads = _thread_rows(procs, luts)
+    end_ns = session.end_ns if session.end_ns is not None else t0 + (int(columns["start"][0].max()) if n else 0)
+    tmp = out_path + ".tmp"
+    blob, offsets = pool.blob()
+    if not (native and _write_events_native(tmp, n, columns, blob, offsets)):
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    con = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        for pragma in ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE"):
+            con.execute(f"PRAGMA {pragma}")
+        con.execute("BEGIN")
+        if "NVTX_EVENTS" not in {r[0] for r in con.execute("SELECT name FROM sqlite_master")}:
+            con.execute(NVTX_EVENTS_SQL)
+            if n:
+                _write_events_sqlite(con, columns, pool.values)
+        _tables(con, pool, procs, t0, session, max(0, end_ns - t0), thread_rows)
+        con.execute("COMMIT")
+    finally:
+        con.close()
+    os.replace(tmp, out_path)
+    return Summary(events=n, processes=len(procs), threads=nthreads, path=out_path)
