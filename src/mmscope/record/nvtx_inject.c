@@ -1076,6 +1076,10 @@ static void mm_atfork_child(void) {
     g_threads = NULL;
     tls_thr = NULL;
     pthread_setspecific(g_key, NULL);
+    /* inherited domains and categories are re-declared in the child's own file, by its thread */
+    uint32_t tid = mm_gettid();
+    for (uint32_t i = 0; i < g_ndomains; i++) g_domains[i].tid = tid;
+    for (uint32_t i = 0; i < g_ncats; i++) g_cats[i].tid = tid;
     if (g_meta) munmap(g_meta, g_meta_size);
     g_meta = NULL;
     g_meta_used = g_meta_size = 0;
