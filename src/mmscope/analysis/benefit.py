@@ -1,0 +1,56 @@
+"""The encoder-cache benefit: preprocess time of steps that ran the encoder against steps that did not.
+
+A step is one `preprocess` range; it ran the encoder when a `vit_forward` lies inside it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mmscope import stages
+from mmscope.analysis.checks import _inside
+from mmscope.analysis.table import RangeTable
+
+
+def _summary(values: np.ndarray) -> dict:
+    n = len(values)
+    if n == 0:
+        return {"steps": 0, "total_ns": 0, "mean_ns": None, "p50_ns": None, "max_ns": None}
+    ordered = np.sort(values)
+    total = int(values.sum())
+    return {"steps": n, "total_ns": total, "mean_ns": (total + n // 2) // n,
+            "p50_ns": int(ordered[(50 * n + 99) // 100 - 1]), "max_ns": int(ordered[-1])}
+
+
+def encoder_per_step(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
+    """Preprocess rows in time order and the vit_forward time inside each (0: no encoder run)."""
+    pre = table.rows_named(stages.PREPROCESS)
+    pre = pre[np.argsort(table.start[pre], kind="stable")]
+    vit = table.rows_named(stages.VIT_FORWARD)
+    host = _inside(table, pre, vit)
+    enc = np.zeros(len(pre), dtype=np.int64)
+    inside = host >= 0
+    if inside.any():
+        by_row = np.argsort(pre)
+        slot = by_row[np.searchsorted(pre, host[inside], sorter=by_row)]
+        np.add.at(enc, slot, table.duration[vit[inside]])
+    return pre, enc
+
+
+def cache_benefit(table: RangeTable) -> dict:
+    pre, enc = encoder_per_step(table)
+    if len(pre) == 0:
+        return {"available": False,
+                "reason": f"no '{stages.PREPROCESS}' ranges in the profile"}
+    dur = table.duration[pre]
+    ran = enc > 0
+    with_enc, without = _summary(dur[ran]), _summary(dur[~ran])
+    benefit = None
+    if with_enc["mean_ns"] is not None and without["mean_ns"] is not None:
+        benefit = with_enc["mean_ns"] - without["mean_ns"]
+    share = round(int(enc.sum()) / with_enc["total_ns"], 6) if with_enc["total_ns"] else None
+    return {"available": True, "preprocess_steps": len(pre),
+            "with_encoder": with_enc, "without_encoder": without,
+            "preprocess_saved_per_hit_step_ns": benefit,
+            "encoder_per_step": _summary(enc[ran]),
+            "encoder_share_of_preprocess": share,
+            "encoder_step_fraction": round(float(ran.mean()), 6)}

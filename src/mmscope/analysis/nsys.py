@@ -1,0 +1,186 @@
+"""Load the SQLite file of `nsys export --type sqlite` (or of `mmscope record`) into a RangeTable.
+
+Handles both schema eras (text vs textId -> StringIds, with or without eventId), per-process domains.
+"""
+from __future__ import annotations
+
+import re
+import sqlite3
+
+import numpy as np
+
+from mmscope.analysis import nsys_scan
+from mmscope.analysis import table as tbl
+from mmscope.errors import UserError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# NVIDIA's documented ids, used when a file has no ENUM_NSYS_EVENT_TYPE table.
+DEFAULT_TYPES = {"NvtxCategory": 33, "NvtxMark": 34, "NvtxThread": 39, "NvtxPushPopRange": 59,
+                 "NvtxStartEndRange": 60, "NvtxtPushPopRange": 70, "NvtxtStartEndRange": 71,
+                 "NvtxDomainCreate": 75}
+KIND_OF_TYPE = {"NvtxPushPopRange": tbl.PUSH_POP, "NvtxtPushPopRange": tbl.PUSH_POP,
+                "NvtxStartEndRange": tbl.START_END, "NvtxtStartEndRange": tbl.START_END,
+                "NvtxMark": tbl.MARK}
+PID_BITS = 0xFFFFFF000000  # the pid part of a globalTid, as NVIDIA's reports join domains
+
+
+def is_sqlite(head: bytes) -> bool:
+    return head.startswith(SQLITE_MAGIC)
+
+
+def load(path: str, workers: int | None = None,
+         chunk_rows: int = nsys_scan.CHUNK_ROWS) -> tbl.RangeTable:
+    """The RangeTable of an nsys SQLite export; bad files raise UserError with one line."""
+    try:
+        return _load(path, workers, chunk_rows)
+    except sqlite3.DatabaseError as e:
+        raise UserError(f"{path}: not a readable SQLite database ({e})") from None
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+
+
+def _load(path: str, workers: int | None, chunk_rows: int) -> tbl.RangeTable:
+    con = _connect(path)
+    try:
+        name = _nvtx_table(con, path)
+        cols = tuple(r[1] for r in con.execute(f"PRAGMA table_info({name})"))
+        types = _event_types(con)
+        strings = _string_ids(con)
+        spec = nsys_scan.Scan(path, name, cols)
+        # Two queries: SQLite answers a lone min() or max() of rowid from the b-tree's edge.
+        lo = con.execute(f"SELECT min(rowid) FROM {name}").fetchone()[0]
+        hi = con.execute(f"SELECT max(rowid) FROM {name}").fetchone()[0]
+        thread_names = _thread_names_table(con, strings)
+        process_names = _process_names(con)
+    finally:
+        con.close()
+    if lo is None:
+        raw = nsys_scan.read_range(spec, 0, 0)
+    else:
+        raw = nsys_scan.scan(spec, lo, hi + 1, workers, chunk_rows)
+    return _to_table(raw, types, strings, thread_names, process_names)
+
+
+def _nvtx_table(con: sqlite3.Connection, path: str) -> str:
+    names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    # nsys-ai reports versioned names (NVTX_EVENTS_V2...) in some exports: accept them too.
+    found = sorted(n for n in names if re.fullmatch(r"NVTX_EVENTS(_V\d+)?", n))
+    if not found:
+        raise UserError(f"{path}: SQLite file without an NVTX_EVENTS table (no NVTX ranges were "
+                        "captured: profile with `nsys profile -t nvtx ...`)")
+    return found[0]
+
+
+def _event_types(con: sqlite3.Connection) -> dict[int, str]:
+    """event type id -> NVIDIA's name, looked up by name where the file has the enum table."""
+    types = {v: k for k, v in DEFAULT_TYPES.items()}
+    try:
+        rows = con.execute("SELECT id, name FROM ENUM_NSYS_EVENT_TYPE").fetchall()
+    except sqlite3.OperationalError:
+        return types
+    by_name = {name: i for i, name in rows if name in DEFAULT_TYPES}
+    if by_name:
+        types = {i: name for name, i in by_name.items()}
+    return types
+
+
+def _string_ids(con: sqlite3.Connection) -> dict[int, str]:
+    try:
+        return dict(con.execute("SELECT id, value FROM StringIds"))
+    except sqlite3.OperationalError:
+        return {}
+
+
+def _thread_names_table(con, strings: dict[int, str]) -> dict[int, str]:
+    try:
+        rows = con.execute("SELECT globalTid, nameId FROM ThreadNames ORDER BY priority").fetchall()
+    except sqlite3.OperationalError:
+        return {}
+    return {int(t): strings[n] for t, n in rows if t is not None and n in strings}
+
+
+def _process_names(con) -> dict[int, str]:
+    try:
+        rows = con.execute("SELECT pid, name FROM PROCESSES").fetchall()
+    except sqlite3.OperationalError:
+        return {}
+    return {int(p): n for p, n in rows if p is not None and n}
+
+
+def _to_table(raw: dict, types: dict[int, str], strings: dict[int, str],
+              thread_names: dict[int, str], process_names: dict[int, str]) -> tbl.RangeTable:
+    """Resolve names, domains and kinds; metadata rows leave. Consumes `raw` to save memory."""
+    event_type = raw.pop("event_type")
+    names, name_code = _resolve_names(raw.pop("text_id"), raw.pop("text_code"), raw["texts"],
+                                      strings)
+    meta = (raw, event_type, types, names, name_code)
+    thread_names = {**_thread_name_events(*meta), **thread_names}
+    domain_names = _domain_names(*meta)
+    kind_of = {i: KIND_OF_TYPE[n] for i, n in types.items() if n in KIND_OF_TYPE}
+    end_thread = raw["thread"].copy()
+    end_thread[raw.pop("cross_pos")] = raw.pop("cross_thread")
+    cols = {"start": raw.pop("start"), "end": raw.pop("end"), "thread": raw.pop("thread"),
+            "domain": raw.pop("domain"), "name": name_code, "end_thread": end_thread}
+    del name_code, end_thread
+    keep = np.isin(event_type, list(kind_of))
+    if not keep.all():  # metadata rows (domains, thread names, categories) leave the table
+        rows = np.flatnonzero(keep)
+        cols = {k: v[rows] for k, v in cols.items()}
+        event_type = event_type[rows]
+    kind = np.zeros(len(event_type), np.int8)
+    for type_id, k in kind_of.items():
+        kind[event_type == type_id] = k
+    del event_type, keep
+    domain_id, domains = _domain_ids(cols["thread"], cols.pop("domain"), domain_names)
+    return tbl.build(raw_names=names, name_id=cols.pop("name"), start=cols.pop("start"),
+                     end=cols.pop("end"), kind=kind, thread=cols.pop("thread"),
+                     end_thread=cols.pop("end_thread"), domain_id=domain_id, domains=domains,
+                     thread_names=thread_names, process_names=process_names,
+                     source="nsys-sqlite")
+
+
+def _resolve_names(text_id: np.ndarray, text_codes, texts: list[str], strings: dict[int, str]):
+    """Name per row: the registered string (textId -> StringIds) if any, else the text."""
+    ids = np.array(sorted(strings), dtype=np.int64)
+    names = [strings[i] for i in ids.tolist()] + list(texts)
+    fallback = len(ids) + (text_codes.astype(np.int64) if text_codes is not None
+                           else np.zeros(len(text_id), np.int64))
+    if len(ids) == 0:
+        return names, fallback
+    pos = np.minimum(np.searchsorted(ids, text_id), len(ids) - 1)
+    return names, np.where(ids[pos] == text_id, pos, fallback)
+
+
+def _thread_name_events(raw, event_type, types, names, name_code) -> dict[int, str]:
+    ids = [i for i, n in types.items() if n == "NvtxThread"]
+    rows = np.flatnonzero(np.isin(event_type, ids))
+    return {int(raw["thread"][r]): names[int(name_code[r])] for r in rows}
+
+
+def _domain_names(raw, event_type, types, names, name_code) -> dict[tuple[int, int], str]:
+    """(pid bits, domainId) -> name; the first create of a domain in a process wins."""
+    ids = [i for i, n in types.items() if n == "NvtxDomainCreate"]
+    rows = np.flatnonzero(np.isin(event_type, ids))
+    rows = rows[np.argsort(raw["start"][rows], kind="stable")]
+    out: dict[tuple[int, int], str] = {}
+    for r in rows:
+        key = (int(raw["thread"][r]) & PID_BITS, int(raw["domain"][r]))
+        out.setdefault(key, names[int(name_code[r])])
+    return out
+
+
+def _domain_ids(thread: np.ndarray, domain: np.ndarray, names: dict[tuple[int, int], str]):
+    """Domain name index per row: "" for domain 0, the created name, or "domain N" if unnamed."""
+    domain_id = np.zeros(len(thread), np.int32)
+    if not domain.any():
+        return domain_id, [""]
+    index = {"": 0}
+    pid = thread & PID_BITS
+    for d in np.unique(domain[domain != 0]).tolist():
+        in_d = domain == d
+        for p in np.unique(pid[in_d]).tolist():
+            name = names.get((p, d), f"domain {d}")
+            domain_id[in_d & (pid == p)] = index.setdefault(name, len(index))
+    return domain_id, list(index)

@@ -1,0 +1,96 @@
+"""The step join: each forward range with the nearest preceding step_meta on the same thread.
+
+It gives forward time against the step's batch shape (prefill/decode tokens, requests).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mmscope import stages
+from mmscope.analysis.table import RangeTable, latest_before
+
+SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
+
+
+def step_meta_rows(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of parseable step_meta ranges, and the (prefill, decode, total, reqs) per name id."""
+    shapes = np.full((len(table.names), 4), -1, dtype=np.int64)
+    for i, name in enumerate(table.names):
+        shape = stages.parse_step_meta(name)
+        if shape is not None:
+            shapes[i] = (shape.prefill, shape.decode, shape.total, shape.reqs)
+    ids = np.flatnonzero(shapes[:, 0] >= 0)
+    if len(ids) == 0:
+        return np.zeros(0, np.int64), shapes
+    rows = np.flatnonzero(np.isin(table.name_id, ids))
+    return rows, shapes
+
+
+def step_join(table: RangeTable):
+    """A polars DataFrame with one row per forward that found a step_meta, in time order."""
+    import polars as pl
+
+    forwards = table.rows_named(stages.FORWARD)
+    metas, shapes = step_meta_rows(table)
+    meta_of = latest_before(table, metas, forwards)
+    hit = meta_of >= 0
+    f, m = forwards[hit], meta_of[hit]
+    shape = shapes[table.name_id[m]]
+    df = pl.DataFrame({"forward_row": f, "meta_row": m, "thread": table.thread[f],
+                       "start": table.start[f], "forward_ns": table.duration[f],
+                       **{k: shape[:, j] for j, k in enumerate(SHAPE_FIELDS)}})
+    return df.sort("start", "forward_row")
+
+
+def kind_of(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:
+    """'prefill', 'decode', 'mixed' or 'idle' per step."""
+    out = np.full(len(prefill), "idle", dtype=object)
+    out[(prefill > 0) & (decode == 0)] = "prefill"
+    out[(prefill == 0) & (decode > 0)] = "decode"
+    out[(prefill > 0) & (decode > 0)] = "mixed"
+    return out
+
+
+def summary(table: RangeTable, pairs) -> dict:
+    """Counts, unmatched ranges, forward time per step kind and a linear fit against tokens."""
+    forwards = len(table.rows_named(stages.FORWARD))
+    metas = len(step_meta_rows(table)[0])
+    joined = pairs["meta_row"].n_unique() if len(pairs) else 0
+    out = {"pairs": len(pairs), "forwards": forwards, "step_metas": metas,
+           "unmatched_forwards": forwards - len(pairs), "unjoined_step_metas": metas - joined,
+           "by_kind": _by_kind(pairs), "fit": _fit(pairs)}
+    return out
+
+
+def _by_kind(pairs) -> list[dict]:
+    if len(pairs) == 0:
+        return []
+    fwd = pairs["forward_ns"].to_numpy()
+    total = pairs["total"].to_numpy()
+    kinds = kind_of(pairs["prefill"].to_numpy(), pairs["decode"].to_numpy())
+    out = []
+    for k in ("prefill", "decode", "mixed", "idle"):
+        sel = kinds == k
+        n = int(sel.sum())
+        if n == 0:
+            continue
+        ordered = np.sort(fwd[sel])
+        out.append({"kind": k, "steps": n, "forward_mean_ns": int(round(fwd[sel].mean())),
+                    "forward_p50_ns": int(ordered[(50 * n + 99) // 100 - 1]),
+                    "tokens_mean": round(float(total[sel].mean()), 3)})
+    return out
+
+
+def _fit(pairs) -> dict | None:
+    """Least squares forward_ns = intercept + slope * total tokens (None without 2 shapes)."""
+    if len(pairs) < 2:
+        return None
+    x = pairs["total"].to_numpy().astype(np.float64)
+    y = pairs["forward_ns"].to_numpy().astype(np.float64)
+    if np.ptp(x) == 0:
+        return None
+    slope, intercept = np.polyfit(x, y, 1)
+    resid = y - (intercept + slope * x)
+    r2 = 1.0 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum()) if np.ptp(y) else 1.0
+    return {"ns_per_token": round(float(slope), 3), "intercept_ns": round(float(intercept), 1),
+            "r2": round(r2, 4)}

@@ -1,0 +1,264 @@
+"""The range table every loader produces and every computation reads, and the nesting that fills it.
+
+One row per NVTX range or mark (or Chrome event); names are ids into a small canonical-name list.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mmscope import stages
+
+PUSH_POP, START_END, MARK = 0, 1, 2
+KIND_NAMES = ("push_pop", "start_end", "mark")
+NO_PARENT = -1
+
+
+@dataclass
+class RangeTable:
+    """Columns (numpy, one entry per range, in file order) plus the small lookup lists.
+
+    `name_id` indexes `names` (canonical spellings, see `stages.canonical`); `domain_id` indexes
+    `domains` ("" is the default domain); `thread` is nsys' globalTid (pid << 24 | tid); `parent`
+    is the row index of the enclosing range or -1; `unclosed` rows had no end (their end is the
+    profile's last timestamp, as nsys' own reports do).
+    """
+
+    name_id: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    kind: np.ndarray
+    thread: np.ndarray
+    end_thread: np.ndarray
+    domain_id: np.ndarray
+    unclosed: np.ndarray
+    depth: np.ndarray
+    parent: np.ndarray
+    names: list[str]
+    domains: list[str] = field(default_factory=lambda: [""])
+    thread_names: dict[int, str] = field(default_factory=dict)
+    process_names: dict[int, str] = field(default_factory=dict)
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @property
+    def duration(self) -> np.ndarray:
+        return self.end - self.start
+
+    @property
+    def process(self) -> np.ndarray:
+        return (self.thread >> 24) & 0xFFFFFF
+
+    def ids_of(self, *wanted: str) -> np.ndarray:
+        """The name ids of these catalogue names (absent names are skipped)."""
+        index = {n: i for i, n in enumerate(self.names)}
+        return np.array([index[n] for n in wanted if n in index], dtype=np.int64)
+
+    def rows_named(self, *wanted: str) -> np.ndarray:
+        """Row indices of the ranges with one of these names, in file order."""
+        ids = self.ids_of(*wanted)
+        if len(ids) == 0:
+            return np.zeros(0, dtype=np.int64)
+        if len(ids) == 1:
+            return np.flatnonzero(self.name_id == ids[0])
+        return np.flatnonzero(np.isin(self.name_id, ids))
+
+    def name_of(self, row: int) -> str:
+        return self.names[int(self.name_id[row])]
+
+    def frame(self):
+        """The table as a polars DataFrame with string names (for small tables: tests, CSV)."""
+        import polars as pl
+
+        names = pl.Series("name", self.names, dtype=pl.String)
+        domains = pl.Series("domain", self.domains, dtype=pl.String)
+        return pl.DataFrame({
+            "name": names.gather(self.name_id),
+            "start": self.start, "end": self.end, "duration": self.duration,
+            "kind": pl.Series(KIND_NAMES).gather(self.kind.astype(np.int64)),
+            "process": self.process, "thread": self.thread,
+            "end_thread": self.end_thread, "domain": domains.gather(self.domain_id),
+            "unclosed": self.unclosed, "depth": self.depth, "parent": self.parent,
+        })
+
+
+def canonical_names(raw: list[str]) -> tuple[list[str], np.ndarray]:
+    """Canonical name list and the map raw id -> canonical id (aliases merge into one name)."""
+    index: dict[str, int] = {}
+    mapping = np.empty(len(raw), dtype=np.int64)
+    for i, name in enumerate(raw):
+        mapping[i] = index.setdefault(stages.canonical(name), len(index))
+    return list(index), mapping
+
+
+def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
+          domain_id=None, domains=None, thread_names=None, process_names=None,
+          source: str = "") -> RangeTable:
+    """A RangeTable from loader columns; `end` < `start` marks a missing end (NULL in nsys)."""
+    start = np.asarray(start, dtype=np.int64)
+    end = np.asarray(end, dtype=np.int64)
+    kind = np.asarray(kind, dtype=np.int8)
+    thread = np.asarray(thread, dtype=np.int64)
+    n = len(start)
+    end_thread = thread.copy() if end_thread is None else np.asarray(end_thread, dtype=np.int64)
+    domain_id = np.zeros(n, np.int32) if domain_id is None else np.asarray(domain_id, np.int32)
+    names, mapping = canonical_names(raw_names)
+    name_id = mapping.astype(np.int32)[np.asarray(name_id)] if n else np.zeros(0, np.int32)
+    end, unclosed = _close(start, end, kind)
+    # Start/end ranges overlap freely, so they nest among themselves, apart from push/pop stacks.
+    sub = (domain_id << 1) | (kind == START_END)
+    depth, parent = nest(thread, sub, start, end)
+    del sub
+    return RangeTable(
+        name_id=name_id,
+        start=start, end=end, kind=kind, thread=thread, end_thread=end_thread,
+        domain_id=domain_id, unclosed=unclosed, depth=depth, parent=parent, names=names,
+        domains=list(domains or [""]), thread_names=dict(thread_names or {}),
+        process_names=dict(process_names or {}), source=source)
+
+
+def _close(start: np.ndarray, end: np.ndarray, kind: np.ndarray):
+    """Marks end where they start; other missing ends become the last timestamp (unclosed)."""
+    missing = end < start
+    marks = kind == MARK
+    if not missing.any() and not marks.any():
+        return end, missing
+    end = end.copy()
+    end[marks] = start[marks]
+    unclosed = missing & ~marks
+    if unclosed.any():
+        last = max(int(start.max()), int(end[~missing].max()) if (~missing).any() else 0)
+        end[unclosed] = last
+    return end, unclosed
+
+
+def nest(thread: np.ndarray, sub: np.ndarray, start: np.ndarray, end: np.ndarray):
+    """Depth and parent row of every interval within its (thread, sub) group, without a stack.
+
+    Rule (the stack rule of tests/test_analysis_nesting.py): sort by (start, longest first, row);
+    `p` contains `c` when p has positive length, p.start <= c.start < p.end and c.end <= p.end.
+    A zero-length range is a leaf and at a parent's end it lies outside it (nsys counts it inside);
+    of two equal ranges the earlier row is the parent (nsys may pick either).
+    """
+    n = len(start)
+    depth = np.zeros(n, dtype=np.int32)
+    parent = np.full(n, NO_PARENT, dtype=np.int64)
+    if n == 0:
+        return depth, parent
+    ks_row, ke_row = _packed_keys(_group_index(thread, sub), start, end)
+    order = _sort_order(ks_row, ke_row)
+    ks, ke = ks_row[order], ke_row[order]
+    del ks_row, ke_row
+    pos = np.flatnonzero(ke > ks)
+    zero = np.flatnonzero(ke <= ks)
+    ks_p, ke_p = ks[pos], ke[pos]
+    d_pos, p_pos = _nest_positive(ks_p, ke_p)
+    d_zero, p_zero = _nest_zero(ks_p, ke_p, d_pos, p_pos, ks[zero])
+    depth[order[pos]] = d_pos
+    depth[order[zero]] = d_zero
+    if len(pos):
+        rows_of_pos = order[pos]
+        parent[rows_of_pos] = np.where(p_pos >= 0, rows_of_pos[np.maximum(p_pos, 0)], NO_PARENT)
+        parent[order[zero]] = np.where(p_zero >= 0, rows_of_pos[np.maximum(p_zero, 0)], NO_PARENT)
+    return depth, parent
+
+
+def _group_index(thread: np.ndarray, sub: np.ndarray) -> np.ndarray:
+    """A dense id per (thread, sub) pair; profiles have few threads, so lookups are cheap."""
+    import polars as pl
+
+    t_keys = np.sort(pl.Series(thread).unique().to_numpy())
+    s_keys = np.sort(pl.Series(sub).unique().to_numpy())
+    g = np.searchsorted(t_keys, thread)
+    if len(s_keys) > 1:
+        g *= len(s_keys)
+        g += np.searchsorted(s_keys, sub)
+    return g
+
+
+def _packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
+    """(group, time) packed into one int64, so that one sort or search serves every group."""
+    t0 = int(s.min())
+    bits = max(int(e.max()) - t0, 1).bit_length()
+    if int(g.max()).bit_length() + bits <= 62:
+        return (g << bits) | (s - t0), (g << bits) | (e - t0)
+    # Very long profiles or very many threads: times become their ranks, which keep the order.
+    times, inverse = np.unique(np.concatenate([s, e]), return_inverse=True)
+    bits = max(int(len(times)).bit_length(), 1)
+    if int(g.max()).bit_length() + bits > 62:
+        raise ValueError("too many threads and timestamps to nest")
+    return (g << bits) | inverse[:len(s)], (g << bits) | inverse[len(s):]
+
+
+def _sort_order(ks: np.ndarray, ke: np.ndarray) -> np.ndarray:
+    """Rows by (group and start, end descending, row): one stable sort, then fix equal starts."""
+    order = np.argsort(ks, kind="stable")
+    sk = ks[order]
+    tied = np.flatnonzero(sk[1:] == sk[:-1])
+    if len(tied):
+        at = np.unique(np.concatenate([tied, tied + 1]))
+        sub = order[at]
+        order[at] = sub[np.lexsort((sub, -ke[sub], ks[sub]))]
+    return order
+
+
+def _nest_positive(ks: np.ndarray, ke: np.ndarray):
+    """Depth = ranges opened before me minus those closed by my start; parent = the last range
+    opened before me one level up (exact for well-nested ranges)."""
+    m = len(ks)
+    if m == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    # Ends are nearly in start order already, which the stable (merge) sort exploits.
+    depth = np.arange(m, dtype=np.int64)
+    depth -= np.searchsorted(np.sort(ke, kind="stable"), ks, side="right")
+    # Small ints sort by radix: group the positions by level, in position order within a level.
+    level = depth.astype(np.int16) if depth.max() < (1 << 15) else depth
+    by_level = np.argsort(level, kind="stable")
+    del level
+    level_key = depth[by_level] * m + by_level
+    want = np.maximum(depth - 1, 0) * m + np.arange(m)
+    k = np.searchsorted(level_key, want, side="left") - 1
+    del level_key, want
+    cand = by_level[np.maximum(k, 0)]
+    ok = (depth > 0) & (k >= 0) & (depth[cand] == depth - 1)
+    return depth.astype(np.int32), np.where(ok, cand, NO_PARENT)
+
+
+def _nest_zero(ks_p, ke_p, depth_p, parent_p, kz):
+    """A zero-length range's parent: the deepest positive range open at its time (start <= t < end).
+
+    Keys of another group never qualify: a range of a lower group ends below every key of ours.
+    """
+    z = len(kz)
+    if z == 0 or len(ks_p) == 0:
+        return np.zeros(z, np.int32), np.full(z, NO_PARENT, np.int64)
+    cand = np.searchsorted(ks_p, kz, side="right") - 1
+    # Climb while the candidate closed at or before t; at most the nesting depth rounds.
+    while True:
+        live = np.flatnonzero(cand >= 0)
+        stale = live[ke_p[cand[live]] <= kz[live]]
+        if len(stale) == 0:
+            break
+        cand[stale] = parent_p[cand[stale]]
+    depth = np.where(cand >= 0, depth_p[np.maximum(cand, 0)] + 1, 0).astype(np.int32)
+    return depth, cand
+
+
+def latest_before(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """For each inner row, the outer row on the same thread that started last at or before it
+    (-1 if none): the candidate enclosing range, or the step_meta a forward joins."""
+    import polars as pl
+
+    if len(inner) == 0 or len(outer) == 0:
+        return np.full(len(inner), NO_PARENT, dtype=np.int64)
+    left = pl.DataFrame({"t": table.thread[inner], "s": table.start[inner],
+                         "i": np.arange(len(inner))}).sort("s")
+    right = pl.DataFrame({"t": table.thread[outer], "s": table.start[outer],
+                          "o": outer.astype(np.int64)}).sort("s")
+    joined = left.join_asof(right, on="s", by="t", strategy="backward", check_sortedness=False)
+    found = np.full(len(inner), NO_PARENT, dtype=np.int64)
+    found[joined["i"].to_numpy()] = joined["o"].fill_null(NO_PARENT).to_numpy()
+    return found
