@@ -102,3 +102,21 @@ def test_probe_lines_agree_with_counters(engine):
     misses = [ln for ln in probe.lines if "mm_cache_probe MISS" in ln]
     assert len(hits) == c["encoder_cache_hits"] and len(misses) == c["encoder_cache_misses"]
     assert all("hash=" in ln and "embeds=16" in ln and "What" not in ln for ln in probe.lines)
+
+
+def test_offline_stats_line_carries_encoder_hit_rate(engine):
+    llm = engine[0]
+    stats_logger = logging.getLogger("vllm.v1.metrics.loggers")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    stats_logger.addHandler(handler)
+    try:
+        run(engine, [prompt([image(1)], "Stats?")])  # a resident image: a hit in the window
+        llm.llm_engine.do_log_stats()
+    finally:
+        stats_logger.removeHandler(handler)
+    line = next(ln for ln in lines if "Avg prompt throughput" in ln)
+    c = counters(llm)
+    rate = 100 * c["encoder_cache_hits"] / c["encoder_cache_queries"]
+    assert line.endswith(f"Encoder cache hit rate: {rate:.1f}%")

@@ -1,0 +1,35 @@
+"""DESIGN §9: the plugin never changes vLLM's results, and a failing hook never takes vLLM down."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(model, *args, env=None):
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "results_run.py"), model, *args],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, **(env or {})))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def test_same_tokens_without_plugin_and_with_a_hook_failing(tiny_model):
+    bare = run(tiny_model, env={"MMSCOPE_DISABLE": "1"})
+    broken = run(tiny_model, "break")
+    assert bare["hooks"] == {h: "not applied" for h in bare["hooks"]}
+    assert broken["tokens"] == bare["tokens"]
+    off = {h: s for h, s in broken["hooks"].items() if s.startswith("off after error")}
+    assert off, broken["hooks"]
+    assert all("sabotaged ledger" in s for s in off.values())
+    # One warning per failed hook, naming it.
+    assert len(broken["warnings"]) == len(off)
+    assert all(any(h in w for w in broken["warnings"]) for h in off)

@@ -1,0 +1,125 @@
+"""Hook mechanics: checked before patching, applied once, reverted, and never able to break the
+patched code (our exceptions turn the hook off; the target's own pass through)."""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from mmscope.vllm.patching import (APPLIED, MISMATCH, MISSING, Hook, observe_after,
+                                   observe_around)
+
+
+class Target:
+    def work(self, x, y=1):
+        if x < 0:
+            raise ValueError("target's own error")
+        return x + y
+
+    @classmethod
+    def cls_work(cls, x):
+        return x * 2
+
+    @staticmethod
+    def static_work(x):
+        return x * 3
+
+
+seen: list = []
+
+
+def record(result, *args, **kwargs):
+    seen.append((result, args[1:]))
+
+
+def explode(result, *args, **kwargs):
+    raise RuntimeError("bug in mmscope")
+
+
+def hook(attr, observe, params=("self", "x")):
+    return Hook(f"test.{attr}", f"{__name__}:Target.{attr}", params, observe_after(observe),
+                "test", "test")
+
+
+def test_apply_observe_revert():
+    seen.clear()
+    h = hook("work", record)
+    assert h.apply() == APPLIED
+    assert Target().work(2) == 3 and seen == [(3, (2,))]
+    assert h.apply() == APPLIED  # idempotent: still one wrapper
+    Target().work(1)
+    assert len(seen) == 2
+    h.revert()
+    Target().work(1)
+    assert len(seen) == 2 and Target.work.__name__ == "work" and not hasattr(Target.work, "__mmscope_hook__")
+
+
+def test_classmethod_and_staticmethod_keep_their_kind():
+    seen.clear()
+    hc = hook("cls_work", record, ("cls", "x"))
+    hs = Hook("test.static", f"{__name__}:Target.static_work", ("x",), observe_after(
+        lambda result, x: seen.append(result)), "test", "test")
+    hc.apply(), hs.apply()
+    try:
+        assert Target.cls_work(2) == 4 and Target().cls_work(3) == 6
+        assert Target.static_work(2) == 6 and Target().static_work(1) == 3
+    finally:
+        hc.revert(), hs.revert()
+    assert isinstance(Target.__dict__["cls_work"], classmethod)
+    assert isinstance(Target.__dict__["static_work"], staticmethod)
+
+
+def test_exception_in_hook_turns_it_off_once(caplog):
+    h = hook("work", explode)
+    h.apply()
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm.mmscope"):
+            assert Target().work(1) == 2  # the result is untouched
+            assert Target().work(2) == 3
+        warnings = [r for r in caplog.records if "test.work" in r.getMessage()]
+        assert len(warnings) == 1 and "RuntimeError: bug in mmscope" in warnings[0].getMessage()
+        assert h.describe().startswith("off after error")
+    finally:
+        h.revert()
+
+
+def test_targets_own_exception_passes_through():
+    calls = []
+    h = Hook("test.around", f"{__name__}:Target.work", ("self", "x"),
+             observe_around(lambda *a: calls.append("before"),
+                            lambda tok, res, *a: calls.append(("after", res))), "test", "test")
+    h.apply()
+    try:
+        with pytest.raises(ValueError, match="target's own error"):
+            Target().work(-1)
+        assert calls == ["before", ("after", None)]  # per-call state still reset
+        assert h.state.enabled
+    finally:
+        h.revert()
+
+
+def test_missing_target_and_signature_mismatch_are_reported(caplog):
+    missing = Hook("test.missing", f"{__name__}:Target.gone", ("self",), observe_after(record),
+                   "test", "test")
+    with caplog.at_level(logging.WARNING, logger="vllm.mmscope"):
+        assert missing.apply() == MISSING
+    assert "cannot hook test.missing" in caplog.text
+    wrong = hook("work", record, ("self", "request"))
+    assert wrong.apply() == MISMATCH
+    assert wrong.detail == "expected (self, request, ...), found (self, x, y)"
+    assert Target.work.__name__ == "work" and not hasattr(Target.work, "__mmscope_hook__")
+
+
+@pytest.mark.vllm
+def test_doctor_reports_every_hook_ok_against_installed_vllm():
+    out = subprocess.run([sys.executable, "-m", "mmscope.cli", "doctor", "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads(out.stdout)
+    assert data["vllm_version"].startswith("0.32") and data["entry_point"]
+    assert {h["status"] for h in data["hooks"]} == {"ok"}
+    assert {"scheduler.commit", "prometheus.create", "log_line.format"} <= {
+        h["name"] for h in data["hooks"]}
