@@ -134,26 +134,31 @@ def _ring_events(ring: _Ring) -> np.ndarray:
     The ring is authoritative for its newest records (the segment being filled is updated in
     place). The slot of seq head - capacity may be half overwritten by a record that was being
     written when the process died; that seq is always in a copy, so the ring is read from the next.
+    Copies are moved as raw bytes: numpy copies structured arrays field by field.
     """
-    out = np.zeros(ring.head, RECORD)
+    size = RECORD.itemsize
+    raw = np.zeros(ring.head * size, np.uint8)
     for first, recs in ring.copies:
         n = max(0, min(len(recs), ring.head - first))
-        out[first:first + n] = recs[:n]
+        raw[first * size:(first + n) * size] = recs[:n].view(np.uint8)
+    slots = ring.slots.view(np.uint8)
     lo = max(0, ring.head - ring.capacity + 1)
     n, a = ring.head - lo, lo & (ring.capacity - 1)
     if a + n <= ring.capacity:
-        out[lo:ring.head] = ring.slots[a:a + n]
+        raw[lo * size:ring.head * size] = slots[a * size:(a + n) * size]
     else:
         n1 = ring.capacity - a
-        out[lo:lo + n1] = ring.slots[a:]
-        out[lo + n1:ring.head] = ring.slots[:n - n1]
-    late = np.flatnonzero(out["kind"] == POPLATE)
+        raw[lo * size:(lo + n1) * size] = slots[a * size:]
+        raw[(lo + n1) * size:ring.head * size] = slots[:(n - n1) * size]
+    out = raw.view(RECORD)
+    kind = out["kind"]
+    late = np.flatnonzero(kind == POPLATE)
     if len(late):
         target = out["aux"][late].astype(np.int64)
-        ok = (target < len(out)) & (out["kind"][np.minimum(target, len(out) - 1)] == PUSH)
+        ok = (target < len(out)) & (kind[np.minimum(target, len(out) - 1)] == PUSH)
         out["aux"][target[ok]] = out["start"][late[ok]]
-    keep = (out["kind"] >= PUSH) & (out["kind"] <= MARK)
-    return out[keep]
+    keep = (kind >= PUSH) & (kind <= MARK)
+    return out if keep.all() else out[keep]
 
 
 def _collect(proc: Process, rings) -> None:
@@ -162,8 +167,10 @@ def _collect(proc: Process, rings) -> None:
         ev = _ring_events(ring)
         parts.append(ev)
         tids.append(np.full(len(ev), ring.tid, np.uint32))
-    if parts:
-        proc.events = np.concatenate(parts)
+    if len(parts) == 1:
+        proc.events, proc.tids = parts[0], tids[0]
+    elif parts:
+        proc.events = np.concatenate([p.view(np.uint8) for p in parts]).view(RECORD)
         proc.tids = np.concatenate(tids)
 
 

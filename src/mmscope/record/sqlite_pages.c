@@ -290,6 +290,7 @@ typedef struct {
     const int32_t *types;
     const void *const *data;
     const uint8_t *const *nulls;
+    const int64_t *order;  /* row order, or NULL for 0..n-1 */
     const char *blob;
     const int64_t *offsets;
 } mm_cols;
@@ -355,7 +356,7 @@ static int write_rows(mm_sq *s, const mm_cols *c, int64_t nrows) {
     uint32_t *sizes = malloc((size_t)c->ncols * sizeof *sizes);
     int rc = cell && types && sizes ? 0 : -1;
     for (int64_t i = 0; rc == 0 && i < nrows; i++) {
-        uint32_t len = encode_row(c, i, i + 1, cell, types, sizes, max_local);
+        uint32_t len = encode_row(c, c->order ? c->order[i] : i, i + 1, cell, types, sizes, max_local);
         if (!len) {
             fail(s, "a row is larger than a page");
             rc = -1;
@@ -376,14 +377,16 @@ static int write_rows(mm_sq *s, const mm_cols *c, int64_t nrows) {
  * which SQLite stores as NULL and reads from the rowid), COL_INT (int64 data[k]), COL_INT32
  * (int32 data[k]), COL_REAL
  * (double data[k]) or COL_TEXT (int64 data[k]: index into the strings blob[offsets[j]:offsets[j+1]],
- * -1 for NULL). nulls[k], where not NULL, flags NULL rows of INT, INT32 and REAL columns.
+ * -1 for NULL). nulls[k], where not NULL, flags NULL rows of INT, INT32 and REAL columns. Row
+ * i of the table is element order[i] of the columns (element i where order is NULL).
  * Returns 0, or -1 with a message in err.
  */
 MM_EXPORT int mm_sqlite_write_table(const char *path, uint32_t page_size, const char *name,
                                     const char *create_sql, int64_t nrows, int32_t ncols,
                                     const int32_t *types, const void *const *data,
-                                    const uint8_t *const *nulls, const char *blob,
-                                    const int64_t *offsets, char *err, int32_t errlen) {
+                                    const uint8_t *const *nulls, const int64_t *order,
+                                    const char *blob, const int64_t *offsets, char *err,
+                                    int32_t errlen) {
     if (err && errlen > 0) err[0] = 0;
     mm_sq s = {0};
     s.err = err;
@@ -405,7 +408,7 @@ MM_EXPORT int mm_sqlite_write_table(const char *path, uint32_t page_size, const 
     s.out_first = 2;
     int rc = s.page && s.out ? 0 : -1;
     if (rc) fail(&s, "out of memory");
-    mm_cols c = {ncols, types, data, nulls, blob, offsets};
+    mm_cols c = {ncols, types, data, nulls, order, blob, offsets};
     uint32_t root = 0;
     if (rc == 0) {
         leaf_reset(&s);

@@ -112,14 +112,19 @@ class TickClock:
         dn = np.array([p[1] - self.n0 for p in pts], np.float64)
         self.slope = float((dt * dn).sum() / (dt * dt).sum()) if (dt * dt).sum() else 1.0
 
-    def ns(self, ticks: np.ndarray) -> np.ndarray:
-        rel = ticks.astype(np.int64) - np.int64(self.t0)
-        return np.rint(rel.astype(np.float64) * self.slope).astype(np.int64) + np.int64(self.n0)
+    def ns(self, ticks: np.ndarray, t0: int) -> np.ndarray:
+        """ns relative to t0; works in place on one float temporary (these arrays are large)."""
+        f = (ticks.view(np.int64) - np.int64(self.t0)).astype(np.float64)
+        f *= self.slope
+        np.rint(f, out=f)
+        out = f.astype(np.int64)
+        out += np.int64(self.n0 - t0)
+        return out
 
 
 class RawClock:
-    def ns(self, ticks: np.ndarray) -> np.ndarray:
-        return ticks.astype(np.int64)
+    def ns(self, ticks: np.ndarray, t0: int) -> np.ndarray:
+        return ticks.view(np.int64) - np.int64(t0)
 
 
 # ---- strings ---------------------------------------------------------------------------------------
@@ -170,6 +175,8 @@ class Columns:
     def add(self, n: int, **cols) -> None:
         part = {}
         for name, value in cols.items():
+            if value is None:
+                continue  # NULL throughout this part
             if isinstance(value, tuple):
                 part[name] = value
             elif np.isscalar(value):
@@ -179,21 +186,27 @@ class Columns:
         part["_n"] = n
         self.parts.append(part)
 
-    def build(self) -> tuple[int, dict[str, tuple[np.ndarray, np.ndarray | None]]]:
-        """Concatenates, sorts by start (stable, so each thread keeps its order), returns columns."""
+    def build(self) -> tuple[int, dict[str, tuple[np.ndarray, np.ndarray | None]], np.ndarray | None]:
+        """Concatenated columns and the row order by start (stable, so each thread keeps its
+        order); the order is None when the rows are already sorted."""
         n = sum(p["_n"] for p in self.parts)
         out = {}
         for name in NVTX_COLUMNS:
-            if not any(name in p for p in self.parts):
-                continue
-            out[name] = self._concat(name, n)
+            if any(name in p for p in self.parts):
+                out[name] = self._concat(name, n)
+        self.parts = []
         if not n:
-            return 0, {}
-        order = np.argsort(out["start"][0], kind="stable")
-        return n, {k: (v[order], None if m is None else m[order]) for k, (v, m) in out.items()}
+            return 0, {}, None
+        start = out["start"][0]
+        if bool(np.all(start[1:] >= start[:-1])):
+            return n, out, None
+        return n, out, np.argsort(start, kind="stable")
 
     def _concat(self, name, n):
         dtype = np.float64 if name in REAL_COLUMNS else np.int32 if name in self.INT32 else np.int64
+        if len(self.parts) == 1:  # the common case: no copy of columns that are large
+            v, m = self.parts[0][name]
+            return np.asarray(v).astype(dtype, copy=False), m
         vals, masks, any_mask = [], [], False
         for p in self.parts:
             v, m = p.get(name, (None, None))
@@ -213,6 +226,8 @@ def _payload_columns(ev: np.ndarray) -> dict:
     """nsys's six payload columns from the NVTX payload type and the raw 8 bytes."""
     raw, ptype = ev["payload"], ev["ptype"]
     cols = {}
+    if not ptype.any():
+        return cols
     low = (raw & 0xFFFFFFFF).astype(np.uint32)
     spec = {
         "uint64Value": (1, lambda: raw.view(np.int64)),
@@ -229,40 +244,52 @@ def _payload_columns(ev: np.ndarray) -> dict:
     return cols
 
 
-def _event_rows(cols: Columns, proc: Process, clock, t0: int, lut: np.ndarray) -> None:
+KIND_TO_EVENT_TYPE = np.array([0, 59, 60, 0, 34, 0], np.int32)  # PUSH, START, END, MARK
+
+
+def _nullable(values: np.ndarray, null: np.ndarray):
+    """A column part, or None when every row is NULL (the column is then left out)."""
+    if null.all():
+        return None
+    return values, (null if null.any() else None)
+
+
+def _with_ends(proc: Process):
+    """The events without END records, the end ticks of each (0 = none or never ended) and, for
+    start/end ranges, the thread that ended them."""
     ev, tids = proc.events, proc.tids
-    base = gpid(proc.pid)
-    starts = ev[ev["kind"] == START]
-    ends = ev["kind"] == END
-    end_ts, end_tid = _join_ends(starts["aux"], ev["aux"][ends], ev["start"][ends], tids[ends])
-    keep = ev["kind"] != END
-    ev, tids = ev[keep], tids[keep]
     kind = ev["kind"]
-    start = clock.ns(ev["start"]) - t0
-    end_ticks = np.where(kind == PUSH, ev["aux"], 0)
-    is_start = kind == START
-    end_ticks[is_start] = end_ts
-    open_ = end_ticks == 0
-    end = np.where(open_, 0, clock.ns(end_ticks) - t0)
-    gtid = np.int64(base) + tids.astype(np.int64)
-    egt = np.zeros(len(ev), np.int64)
-    egt_null = np.ones(len(ev), bool)
-    cross = (end_tid != 0) & (end_tid != tids[is_start])
-    at = np.flatnonzero(is_start)[cross]
-    egt[at] = base + end_tid[cross].astype(np.int64)
-    egt_null[at] = False
+    end_ticks = np.where(kind == PUSH, ev["aux"], np.uint64(0))
+    is_end = kind == END
+    if not is_end.any():
+        return ev, tids, end_ticks, None
+    starts = np.flatnonzero(kind == START)
+    ts, etid = _join_ends(ev["aux"][starts], ev["aux"][is_end], ev["start"][is_end], tids[is_end])
+    end_ticks[starts] = ts
+    end_tid = np.zeros(len(ev), np.uint32)
+    end_tid[starts] = etid
+    keep = ~is_end
+    return ev[keep], tids[keep], end_ticks[keep], end_tid[keep]
+
+
+def _event_rows(cols: Columns, proc: Process, clock, t0: int, lut: np.ndarray) -> None:
+    ev, tids, end_ticks, end_tid = _with_ends(proc)
+    kind, msg, base = ev["kind"], ev["msgtype"], np.int64(gpid(proc.pid))
     text_idx = _lookup(lut, ev["text"])
-    registered = ev["msgtype"] == MSG_REGISTERED
-    plain = (ev["msgtype"] == MSG_ASCII) | (ev["msgtype"] == MSG_UNICODE)
-    etype = np.select([kind == PUSH, kind == START, kind == MARK], [59, 60, 34], 0)
+    plain = (msg == MSG_ASCII) | (msg == MSG_UNICODE)
+    end_gtid = None
+    if end_tid is not None:
+        end_gtid = _nullable(end_tid.astype(np.int64) + base, (end_tid == 0) | (end_tid == tids))
     cols.add(
-        len(ev), start=start, end=(end, open_ | (kind == MARK)), eventType=etype,
-        rangeId=(ev["aux"].astype(np.int64), ~is_start),
-        category=(ev["category"].astype(np.int64), ev["category"] == 0),
-        color=(ev["color"].astype(np.int64), ev["colortype"] != 1),
-        text=np.where(plain, text_idx, -1), globalTid=gtid, endGlobalTid=(egt, egt_null),
-        textId=(text_idx + 1, ~registered | (text_idx < 0)), domainId=ev["domain"].astype(np.int64),
-        **_payload_columns(ev))
+        len(ev), start=clock.ns(ev["start"], t0), end=(clock.ns(end_ticks, t0), end_ticks == 0),
+        eventType=KIND_TO_EVENT_TYPE[kind],
+        rangeId=_nullable(ev["aux"].view(np.int64), kind != START),
+        category=_nullable(ev["category"], ev["category"] == 0),
+        color=_nullable(ev["color"], ev["colortype"] != 1),
+        text=np.where(plain, text_idx, -1) if plain.any() else None,
+        globalTid=tids.astype(np.int64) + base, endGlobalTid=end_gtid,
+        textId=_nullable(text_idx + 1, (msg != MSG_REGISTERED) | (text_idx < 0)),
+        domainId=ev["domain"], **_payload_columns(ev))
 
 
 def _lookup(lut: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -298,7 +325,7 @@ def _meta_rows(cols: Columns, proc: Process, clock, t0: int, lut: np.ndarray) ->
     a = np.array(rows, np.int64)
     ticks = np.array([r[5] for r in rows], np.uint64)
     text = _lookup(lut, a[:, 3])
-    cols.add(len(a), start=clock.ns(ticks) - t0, end=(np.zeros(len(a), np.int64), np.ones(len(a), bool)),
+    cols.add(len(a), start=clock.ns(ticks, t0), end=(np.zeros(len(a), np.int64), np.ones(len(a), bool)),
              eventType=a[:, 0], category=(a[:, 2], a[:, 0] != 33), text=text,
              globalTid=base + a[:, 4], domainId=a[:, 1])
 
@@ -308,7 +335,7 @@ def _meta_rows(cols: Columns, proc: Process, clock, t0: int, lut: np.ndarray) ->
 _COL_NULL, _COL_INT, _COL_REAL, _COL_TEXT, _COL_INT32 = 0, 1, 2, 3, 4
 
 
-def _write_events_native(path: str, n: int, cols: dict, blob: bytes, offsets: np.ndarray) -> bool:
+def _write_events_native(path: str, n: int, cols: dict, order, blob: bytes, offsets: np.ndarray) -> bool:
     lib_path = native_library("_sqlite_pages")
     if lib_path is None:
         return False
@@ -343,21 +370,27 @@ def _write_events_native(path: str, n: int, cols: dict, blob: bytes, offsets: np
             nulls[i] = m.ctypes.data
     err = ctypes.create_string_buffer(256)
     offsets = np.ascontiguousarray(offsets, np.int64)
+    order_p = None
+    if order is not None:
+        order = np.ascontiguousarray(order, np.int64)
+        order_p = order.ctypes.data_as(ctypes.c_void_p)
     rc = lib.mm_sqlite_write_table(
         os.fsencode(path), ctypes.c_uint32(65536), b"NVTX_EVENTS", NVTX_EVENTS_SQL.encode(),
-        ctypes.c_int64(n), ctypes.c_int32(k), types, data, nulls, blob,
+        ctypes.c_int64(n), ctypes.c_int32(k), types, data, nulls, order_p, blob,
         offsets.ctypes.data_as(ctypes.c_void_p), err, ctypes.c_int32(len(err)))
     if rc != 0:
         raise OSError(f"cannot write {path}: {err.value.decode(errors='replace')}")
     return True
 
 
-def _write_events_sqlite(con: sqlite3.Connection, cols: dict, strings: list[str]) -> None:
+def _write_events_sqlite(con: sqlite3.Connection, cols: dict, order, strings: list[str]) -> None:
     """The plain path, for builds without the C writer (and as its reference in tests)."""
     names = [c for c in NVTX_COLUMNS if c in cols]
     lists = []
     for name in names:
         v, m = cols[name]
+        if order is not None:
+            v, m = v[order], None if m is None else m[order]
         vals = v.tolist()
         if name == "text":
             vals = [None if i < 0 else strings[i] for i in vals]
@@ -427,12 +460,12 @@ def write_export(spool_dir: str, out_path: str, session: Session | None = None,
         _event_rows(cols, p, c, t0, lut)
         _meta_rows(cols, p, c, t0, lut)
         p.events = p.events[:0]  # the spool arrays are no longer needed
-    n, columns = cols.build()
+    n, columns, order = cols.build()
     thread_rows, nthreads = _thread_rows(procs, luts)
     end_ns = session.end_ns if session.end_ns is not None else t0 + (int(columns["start"][0].max()) if n else 0)
     tmp = out_path + ".tmp"
     blob, offsets = pool.blob()
-    if not (native and _write_events_native(tmp, n, columns, blob, offsets)):
+    if not (native and _write_events_native(tmp, n, columns, order, blob, offsets)):
         if os.path.exists(tmp):
             os.remove(tmp)
     con = sqlite3.connect(tmp, isolation_level=None)
@@ -443,7 +476,7 @@ def write_export(spool_dir: str, out_path: str, session: Session | None = None,
         if "NVTX_EVENTS" not in {r[0] for r in con.execute("SELECT name FROM sqlite_master")}:
             con.execute(NVTX_EVENTS_SQL)
             if n:
-                _write_events_sqlite(con, columns, pool.values)
+                _write_events_sqlite(con, columns, order, pool.values)
         _tables(con, pool, procs, t0, session, max(0, end_ns - t0), thread_rows)
         con.execute("COMMIT")
     finally:
