@@ -10,7 +10,7 @@ import sys
 
 MOVED_TOP = 3          # at most this many stages are flagged
 MOVED_MIN_PCT = 5.0    # a mean that moved less than this is noise on these machines
-MOVED_MIN_COUNT = 3    # too few ranges make a mean meaningless
+MOVED_MIN_COUNT = 2    # a single range is no mean to compare
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,127 @@
+"""`mmscope analyze` and `mmscope compare` from the command line: outputs and bad inputs."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+import fixtures_nsys as F
+from mmscope import cli, stages
+
+NEEDED = {"name", "count", "total_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns"}
+
+
+def mmscope(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "mmscope.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    return F.pipeline_file(tmp_path_factory.mktemp("cli") / "p.sqlite")
+
+
+def test_json_output(profile):
+    done = mmscope("analyze", profile, "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert set(doc) >= {"stages", "checks", "steps", "cache_benefit"}
+    by = {s["name"]: s for s in doc["stages"]}
+    assert all(NEEDED <= set(s) for s in doc["stages"])
+    assert all(isinstance(s[k], int) for s in doc["stages"] for k in NEEDED - {"name"})
+    assert (by[stages.VIT_FORWARD]["count"], by[stages.VIT_FORWARD]["total_ns"]) == (2, 1200)
+    assert [set(c) >= {"name", "ok", "detail"} and c["ok"] for c in doc["checks"]] == [True] * 4
+    assert doc["steps"]["pairs"] == 3
+    assert doc["cache_benefit"]["preprocess_saved_per_hit_step_ns"] == 800
+    assert doc["profile"]["unclosed"] == 1 and doc["profile"]["processes"] == 2
+
+
+def test_terminal_table_and_filter(profile, capsys):
+    assert cli.main(["analyze", profile, "--filter", "vit|save"]) == 0
+    out = capsys.readouterr().out
+    assert stages.VIT_FORWARD in out and stages.EC_SAVE in out
+    assert stages.GATHER_MM_EMBEDDINGS not in out.split("\n\n")[0].split("stages")[1][:2000]
+
+
+def test_csv_and_html_files(profile, tmp_path, capsys):
+    out_csv, out_html = tmp_path / "s.csv", tmp_path / "r.html"
+    assert cli.main(["analyze", profile, "--csv", str(out_csv)]) == 0
+    rows = list(csv.DictReader(out_csv.open()))
+    vit = [r for r in rows if r["name"] == stages.VIT_FORWARD][0]
+    assert (vit["count"], vit["total_ns"], vit["p50_ns"]) == ("2", "1200", "500")
+    assert cli.main(["analyze", profile, "--html", str(out_html)]) == 0
+    page = out_html.read_text()
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert page.count("data:image/png;base64,") == 3
+    assert "src='http" not in page and "<script" not in page  # self-contained
+
+
+def test_compare(profile, tmp_path, capsys):
+    slower = tmp_path / "slow.sqlite"
+    with F.NsysFile(slower) as f:
+        f.vm = 1
+        F.write_pipeline(f, stages)
+        for a, b in ((0, 4000), (4000, 8000), (8000, 8900)):  # on another thread, before the end
+            f.range(stages.VIT_FORWARD, a, b, pid=F.WORKER_PID, tid=300)
+    done = mmscope("compare", profile, str(slower), "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    vit = [s for s in doc["stages"] if s["name"] == stages.VIT_FORWARD][0]
+    assert (vit["base"]["mean_ns"], vit["new"]["mean_ns"]) == (600, 2020)
+    assert vit["delta_mean_ns"] == 1420 and vit["delta_mean_pct"] == 236.67
+    assert vit["moved"] and doc["moved_most"] == [stages.VIT_FORWARD]
+    assert cli.main(["compare", profile, str(slower)]) == 0
+    out = capsys.readouterr().out
+    assert "moved most: " + stages.VIT_FORWARD in out
+
+
+def _bad_inputs(tmp, profile):
+    truncated = tmp / "truncated.sqlite"
+    data = open(profile, "rb").read()
+    truncated.write_bytes(data[: len(data) // 3])
+    (tmp / "random.sqlite").write_bytes(b"\x00\x01garbage" * 100)
+    F.NsysFile(tmp / "nonvtx.sqlite", nvtx=False).close()
+    (tmp / "notrace.json").write_text('{"hello": [1, 2, 3]}')
+    (tmp / "broken.json").write_text('{"traceEvents": [')
+    (tmp / "empty.json").write_text("")
+    return {"missing": (str(tmp / "nope.sqlite"), "no such file"),
+            "truncated": (str(truncated), "not a readable SQLite database"),
+            "non-sqlite": (str(tmp / "random.sqlite"), "not a profile"),
+            "no-nvtx": (str(tmp / "nonvtx.sqlite"), "without an NVTX_EVENTS table"),
+            "not-a-trace": (str(tmp / "notrace.json"), "not a Chrome trace"),
+            "broken-json": (str(tmp / "broken.json"), "not a readable Chrome trace JSON"),
+            "empty": (str(tmp / "empty.json"), "empty file")}
+
+
+def test_bad_inputs_exit_2_with_one_line(profile, tmp_path):
+    for label, (path, message) in _bad_inputs(tmp_path, profile).items():
+        done = mmscope("analyze", path)
+        assert done.returncode == 2, (label, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("mmscope: error: "), (label, done.stderr)
+        assert message in lines[0] and "Traceback" not in done.stderr, (label, lines)
+    done = mmscope("compare", profile, str(tmp_path / "nope.sqlite"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+
+
+def test_nsys_rep_without_and_with_nsys(profile, tmp_path):
+    rep = tmp_path / "run.nsys-rep"
+    rep.write_bytes(b"not really a report")
+    env = dict(os.environ, PATH=str(tmp_path / "bin"))
+    done = mmscope("analyze", str(rep), env=env)
+    assert done.returncode == 2 and "needs `nsys` on PATH" in done.stderr
+    # A stand-in nsys that "exports" by copying the fixture where --output says.
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "nsys"
+    fake.write_text(f"#!{sys.executable}\nimport shutil, sys\n"
+                    f"shutil.copy({profile!r}, sys.argv[sys.argv.index('--output') + 1])\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    done = mmscope("analyze", str(rep), "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "exporting" in done.stderr
+    assert json.loads(done.stdout)["steps"]["pairs"] == 3
