@@ -254,6 +254,17 @@ def test_ring_wraps_across_threads_and_late_pops(tmp_path):
             assert outer["start"] <= steps[0]["start"] and steps[-1]["end"] <= outer["end"]
 
 
+def test_many_threads(tmp_path):
+    db = tmp_path / "t.sqlite"
+    env = dict(os.environ, MMSCOPE_RECORD_SEGMENT_RECORDS="16")
+    res = record(db, PY, str(DATA / "nvtx_loop.py"), str(tmp_path / "r"), "200", "--threads", "24", env=env)
+    assert res.returncode == 0, res.stderr
+    counts = query(db, "SELECT globalTid, count(*), sum(end IS NULL) FROM NVTX_EVENTS "
+                       "WHERE eventType = 59 GROUP BY globalTid")
+    assert len(counts) == 24 and {(c, u) for _, c, u in counts} == {(400, 0)}
+    assert len(query(db, "SELECT * FROM ThreadNames")) == 24
+
+
 def test_native_writer_matches_sqlite_inserts(tmp_path):
     from mmscope.record.writer import write_export
 
