@@ -141,7 +141,7 @@ def main() -> int:
             print(f"| {name} | {med([b[i] for b in cb]):.1f} | {med([r[i] for r in cr]):.1f} | "
                   f"+{med([r[i] for r in cr]) - med([b[i] for b in cb]):.1f} ns | context |")
         w = write_speed(exe, args.ranges, tmp)
-    print(f"\n| recording -> SQLite | figure | target |\n|---|---|---|")
+    print("\n| recording -> SQLite | figure | target |\n|---|---|---|")
     print(f"| ranges written | {w['events']:,} | |")
     print(f"| write time (read spool, build rows, write SQLite) | {w['seconds']:.2f} s | <= 10 s |")
     print(f"| writer peak memory | {w['max_rss_mib']:.0f} MiB | |")

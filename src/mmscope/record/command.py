@@ -1,7 +1,6 @@
 """`mmscope record [-o FILE] -- COMMAND [ARGS...]`: runs a command with NVTX capture injected.
 
-Every process of the command (children included: the environment is inherited) records its NVTX
-calls into a spool folder; afterwards the spools become one SQLite file in the nsys export schema.
+All its processes record into a spool folder, which then becomes one nsys-schema SQLite file.
 """
 from __future__ import annotations
 

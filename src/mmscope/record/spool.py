@@ -1,7 +1,6 @@
 """Reads the spool files that the injection library (nvtx_inject.c) writes, one per process.
 
-Gives per process its header, metadata (strings, domains, categories, thread names, clock pairs)
-and the recorded events as one numpy record array with each event's thread id.
+Each gives its header, metadata (strings, domains, categories, thread names, clock pairs) and events.
 """
 from __future__ import annotations
 

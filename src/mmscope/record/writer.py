@@ -1,8 +1,6 @@
 """Turns the spool files of a recording into one SQLite file in the Nsight Systems export schema.
 
-Rows follow `nsys export --type sqlite` (schema 3.28.1, see shared/reference): NVTX_EVENTS with
-nsys's event types and globalTid encoding, StringIds, ThreadNames, PROCESSES, the enum tables and
-the export metadata. Timestamps are CLOCK_MONOTONIC_RAW ns relative to the session start.
+Rows follow `nsys export --type sqlite`, schema 3.28.1 (shared/reference); times are ns from the session start.
 """
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmscope.record import native_library
-from mmscope.record.spool import (END, MARK, MSG_ASCII, MSG_REGISTERED, MSG_UNICODE, PUSH, START,
+from mmscope.record.spool import (END, MSG_ASCII, MSG_REGISTERED, MSG_UNICODE, PUSH, START,
                                   Process, read_spool_dir)
 
 SCHEMA_VERSION = "3.28.1"
@@ -440,46 +438,76 @@ def _thread_rows(procs: list[Process], luts: list[np.ndarray]) -> tuple[list[tup
     return rows, threads
 
 
-def write_export(spool_dir: str, out_path: str, session: Session | None = None,
-                 native: bool = True) -> Summary:
-    """Reads every spool in `spool_dir` and writes `out_path` (replaced atomically)."""
-    session = session or Session()
-    procs = read_spool_dir(spool_dir)
+@dataclass
+class _Rows:
+    n: int
+    columns: dict
+    order: np.ndarray | None
+    pool: StringPool
+    thread_rows: list[tuple[int, int]]
+    threads: int
+
+
+def _clocks(procs: list[Process], session: Session) -> list:
     pairs = list(session.pairs) if session.tsc else []
     for p in procs:
         if p.tsc:
             pairs += p.pairs
     tick_clock = TickClock(pairs) if pairs else None
-    clocks = [tick_clock if p.tsc else RawClock() for p in procs]
-    t0 = session.start_ns if session.start_ns is not None else min(
-        (p.pairs[0][1] for p in procs), default=0)
+    return [tick_clock if p.tsc else RawClock() for p in procs]
+
+
+def _build_rows(procs: list[Process], session: Session, t0: int) -> _Rows:
     pool, cols, luts = StringPool(), Columns(), []
-    for p, c in zip(procs, clocks):
+    for p, clock in zip(procs, _clocks(procs, session)):
         lut = pool.local_map(p.strings)
         luts.append(lut)
-        _event_rows(cols, p, c, t0, lut)
-        _meta_rows(cols, p, c, t0, lut)
-        p.events = p.events[:0]  # the spool arrays are no longer needed
+        _event_rows(cols, p, clock, t0, lut)
+        _meta_rows(cols, p, clock, t0, lut)
+        p.events = p.events[:0]  # frees the spool's copy of the largest arrays early
     n, columns, order = cols.build()
-    thread_rows, nthreads = _thread_rows(procs, luts)
-    end_ns = session.end_ns if session.end_ns is not None else t0 + (int(columns["start"][0].max()) if n else 0)
-    tmp = out_path + ".tmp"
-    blob, offsets = pool.blob()
-    if not (native and _write_events_native(tmp, n, columns, order, blob, offsets)):
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    con = sqlite3.connect(tmp, isolation_level=None)
+    thread_rows, threads = _thread_rows(procs, luts)
+    return _Rows(n, columns, order, pool, thread_rows, threads)
+
+
+def _write_db(path: str, rows: _Rows, procs: list[Process], t0: int, session: Session,
+              duration: int, native: bool) -> None:
+    blob, offsets = rows.pool.blob()
+    if not (native and _write_events_native(path, rows.n, rows.columns, rows.order, blob, offsets)):
+        if os.path.exists(path):
+            os.remove(path)
+    con = sqlite3.connect(path, isolation_level=None)
     try:
         for pragma in ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE"):
             con.execute(f"PRAGMA {pragma}")
         con.execute("BEGIN")
         if "NVTX_EVENTS" not in {r[0] for r in con.execute("SELECT name FROM sqlite_master")}:
             con.execute(NVTX_EVENTS_SQL)
-            if n:
-                _write_events_sqlite(con, columns, order, pool.values)
-        _tables(con, pool, procs, t0, session, max(0, end_ns - t0), thread_rows)
+            if rows.n:
+                _write_events_sqlite(con, rows.columns, rows.order, rows.pool.values)
+        _tables(con, rows.pool, procs, t0, session, duration, rows.thread_rows)
         con.execute("COMMIT")
     finally:
         con.close()
-    os.replace(tmp, out_path)
-    return Summary(events=n, processes=len(procs), threads=nthreads, path=out_path)
+
+
+def write_export(spool_dir: str, out_path: str, session: Session | None = None,
+                 native: bool = True) -> Summary:
+    """Reads every spool in `spool_dir` and writes `out_path`, replaced only once complete.
+
+    `native=False` writes NVTX_EVENTS with plain INSERTs instead of the C page writer."""
+    session = session or Session()
+    procs = read_spool_dir(spool_dir)
+    t0 = session.start_ns if session.start_ns is not None else min((p.pairs[0][1] for p in procs), default=0)
+    rows = _build_rows(procs, session, t0)
+    last = int(rows.columns["start"][0].max()) if rows.n else 0
+    duration = session.end_ns - t0 if session.end_ns is not None else last
+    tmp = out_path + ".tmp"
+    try:
+        _write_db(tmp, rows, procs, t0, session, max(0, duration), native)
+        os.replace(tmp, out_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return Summary(events=rows.n, processes=len(procs), threads=rows.threads, path=out_path)
