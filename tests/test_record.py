@@ -265,6 +265,16 @@ def test_many_threads(tmp_path):
     assert len(query(db, "SELECT * FROM ThreadNames")) == 24
 
 
+def test_short_lived_threads_reuse_rings(tmp_path):
+    db = tmp_path / "c.sqlite"
+    env = dict(os.environ, MMSCOPE_RECORD_SEGMENT_RECORDS="16")
+    res = record(db, PY, str(DATA / "nvtx_churn.py"), "60", "70", env=env)
+    assert res.returncode == 0, res.stderr
+    per_thread = query(db, "SELECT globalTid, count(*), count(DISTINCT textId) FROM NVTX_EVENTS "
+                           "WHERE eventType = 59 GROUP BY globalTid")
+    assert len(per_thread) == 60 and {(n, k) for _, n, k in per_thread} == {(70, 1)}
+
+
 def test_native_writer_matches_sqlite_inserts(tmp_path):
     from mmscope.record.writer import write_export
 

@@ -234,6 +234,10 @@ static char *g_meta;          /* current metadata chunk */
 static size_t g_meta_used, g_meta_size;
 
 static mm_thread *g_threads;
+/* Rings of exited threads, fully copied, handed to new threads: a program that starts many
+ * short-lived threads reuses a few rings instead of growing the file by a ring per thread. */
+static char **g_free_rings;
+static uint32_t g_nfree, g_free_cap;
 static uint64_t g_next_rid;
 
 static mm_sent *g_stab;       /* open-addressing table over the interned strings */
@@ -671,6 +675,12 @@ static void mm_copy_locked(mm_thread *t) {
     __atomic_store_n(&t->copied, upto, __ATOMIC_RELEASE);
 }
 
+static size_t mm_ring_size(void) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t size = MM_REGION_HEADER + g_seg_recs * MM_NSEG * sizeof(mm_rec);
+    return (size + page - 1) / page * page;
+}
+
 static void mm_thread_free(mm_thread *t) {
     if (t->region) munmap(t->region, t->region_size);
     pthread_mutex_destroy(&t->copy_mu);
@@ -682,6 +692,25 @@ static void mm_unlink_locked(mm_thread *t) {
     if (t->prev) t->prev->next = t->next;
     else g_threads = t->next;
     if (t->next) t->next->prev = t->prev;
+}
+
+/* Frees an exited thread's state, keeping its ring (now fully copied) for the next new thread. */
+static void mm_recycle_locked(mm_thread *t) {
+    if (t->region && t->copied == t->head && g_nfree < 64) {
+        if (g_nfree == g_free_cap) {
+            uint32_t cap = g_free_cap ? g_free_cap * 2 : 8;
+            char **nf = realloc(g_free_rings, cap * sizeof *nf);
+            if (nf) {
+                g_free_rings = nf;
+                g_free_cap = cap;
+            }
+        }
+        if (g_nfree < g_free_cap) {
+            g_free_rings[g_nfree++] = t->region;
+            t->region = NULL;
+        }
+    }
+    mm_thread_free(t);
 }
 
 /* One pass of the copier: copies every ring's completed records, frees the states of exited
@@ -698,7 +727,7 @@ static void mm_copy_pass(void) {
         mm_thread *next = t->next;
         if (t->dead) {
             mm_unlink_locked(t);
-            mm_thread_free(t);
+            mm_recycle_locked(t);
         }
         pthread_mutex_unlock(&g_lock);
         t = next;
@@ -776,12 +805,19 @@ static mm_thread *mm_thread_new(void) {
     t->stack = malloc(t->cap * sizeof *t->stack);
     pthread_mutex_init(&t->copy_mu, NULL);
     uint64_t cap = g_seg_recs * MM_NSEG;
-    size_t size = MM_REGION_HEADER + cap * sizeof(mm_rec);
-    long page = sysconf(_SC_PAGESIZE);
-    size = (size + (size_t)page - 1) / (size_t)page * (size_t)page;
+    size_t size = mm_ring_size();
     pthread_mutex_lock(&g_lock);
-    char *p = t->stack && mm_spool_ready_locked()
-                  ? mm_map_region_locked(size, MM_RING, t->tid, &t->ring_id) : NULL;
+    char *p = NULL;
+    if (t->stack && g_nfree) {
+        /* the reader finds the old ring's records in its copies, by the old ring id */
+        p = g_free_rings[--g_nfree];
+        __atomic_store_n((uint64_t *)(p + 32), 0, __ATOMIC_RELEASE);
+        mm_put32(p + 8, t->tid);
+        t->ring_id = ++g_region_seq;
+        __atomic_store_n((uint64_t *)(p + 40), t->ring_id, __ATOMIC_RELEASE);
+    } else if (t->stack && mm_spool_ready_locked()) {
+        p = mm_map_region_locked(size, MM_RING, t->tid, &t->ring_id);
+    }
     if (p) {
         mm_put32(p + 12, MM_NSEG);
         mm_put64(p + 16, cap);
@@ -1074,6 +1110,8 @@ static void mm_atfork_child(void) {
         t = next;
     }
     g_threads = NULL;
+    for (uint32_t i = 0; i < g_nfree; i++) munmap(g_free_rings[i], mm_ring_size());
+    g_nfree = 0;
     tls_thr = NULL;
     pthread_setspecific(g_key, NULL);
     /* inherited domains and categories are re-declared in the child's own file, by its thread */

@@ -68,7 +68,7 @@ def read_spool(path: str) -> Process:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     proc = _header(path, buf)
     rings: dict[int, _Ring] = {}
-    copies: list[tuple[int, int, np.ndarray]] = []
+    copies: list[tuple[int, int, int, np.ndarray]] = []
     off = FILE_HEADER
     while off + REGION_HEADER <= size:
         magic, rtype, tid, _, cap, rsize, head, ring_id, first, count = struct.unpack_from(
@@ -81,13 +81,17 @@ def read_spool(path: str) -> Process:
             slots = np.frombuffer(buf, RECORD, count=cap, offset=body)
             rings[ring_id] = _Ring(tid, cap, head, slots)
         elif rtype == COPY:
-            copies.append((ring_id, first, np.frombuffer(buf, RECORD, count=count, offset=body)))
+            copies.append((ring_id, tid, first, np.frombuffer(buf, RECORD, count=count, offset=body)))
         elif rtype == META:
             _meta(proc, buf, body, off + rsize)
         off += rsize
-    for ring_id, first, recs in copies:
-        if ring_id in rings:
-            rings[ring_id].copies.append((first, recs))
+    for ring_id, tid, first, recs in copies:
+        if ring_id not in rings:  # an exited thread's ring, since handed to another thread
+            rings[ring_id] = _Ring(tid, 0, 0, np.zeros(0, RECORD))
+        ring = rings[ring_id]
+        ring.copies.append((first, recs))
+        if not ring.capacity:
+            ring.head = max(ring.head, first + len(recs))
     _collect(proc, rings.values())
     return proc
 
@@ -142,8 +146,10 @@ def _ring_events(ring: _Ring) -> np.ndarray:
         raw[first * size:(first + n) * size] = recs[:n].view(np.uint8)
     slots = ring.slots.view(np.uint8)
     lo = max(0, ring.head - ring.capacity + 1)
-    n, a = ring.head - lo, lo & (ring.capacity - 1)
-    if a + n <= ring.capacity:
+    n, a = max(0, ring.head - lo), lo & max(0, ring.capacity - 1)
+    if not ring.capacity:
+        pass
+    elif a + n <= ring.capacity:
         raw[lo * size:ring.head * size] = slots[a * size:(a + n) * size]
     else:
         n1 = ring.capacity - a
