@@ -13,8 +13,10 @@
  *   the file, hence no exit or signal handler that would have to flush it.
  * - The ring's pages stay resident and are reused, so the recording thread never pays for fresh
  *   page-cache pages (a page fault per 85 records, the dominant cost on VMs). A background copier
- *   thread appends every completed ring segment to the file; a thread whose ring is full copies for
- *   itself. The reader joins the copies and whatever the ring still holds by record sequence number.
+ *   thread, started once some ring completes a segment, appends every completed segment to the
+ *   file; a thread whose ring is full, or that exits, copies for itself. The reader joins the
+ *   copies and whatever the ring still holds by record sequence number. Rings of exited threads
+ *   are reused by new threads.
  * - A push writes its record with end = 0; the matching pop stores the end time into that record in
  *   place while the record's segment is still being filled, otherwise (the segment may already be
  *   copied) it writes a POPLATE record naming the push by sequence number. Unclosed ranges stay
@@ -754,7 +756,8 @@ static void mm_wake_copier(void) {
     pthread_mutex_unlock(&g_copy_lock);
 }
 
-/* Started on a process's first ring; signals stay with the application's threads. */
+/* Started when a ring first completes a segment, so processes that record little never get a
+ * thread of ours; signals stay with the application's threads. */
 static void mm_start_copier_locked(void) {
     if (g_copier_running) return;
     sigset_t all, old;
@@ -773,6 +776,11 @@ static void mm_start_copier_locked(void) {
 static void mm_next_segment(mm_thread *t) {
     __atomic_store_n(&t->completed, t->head, __ATOMIC_RELEASE);
     uint64_t cap = t->mask + 1;
+    if (MM_UNLIKELY(!g_copier_running)) {
+        pthread_mutex_lock(&g_lock);
+        mm_start_copier_locked();
+        pthread_mutex_unlock(&g_lock);
+    }
     if (g_copier_running) mm_wake_copier();
     if (__atomic_load_n(&t->copied, __ATOMIC_ACQUIRE) + cap < t->head + g_seg_recs) {
         pthread_mutex_lock(&t->copy_mu); /* the copier is behind: copy for ourselves */
@@ -783,6 +791,8 @@ static void mm_next_segment(mm_thread *t) {
     t->seg_end = t->head + g_seg_recs;
 }
 
+/* With a copier running, it owns the exited thread's state (it may be copying it right now);
+ * without one, nothing else can reach the state once unlinked, so the thread copies for itself. */
 static void mm_thread_exit(void *p) {
     mm_thread *t = p;
     tls_thr = NULL;
@@ -792,8 +802,16 @@ static void mm_thread_exit(void *p) {
     if (copier) t->dead = 1;
     else mm_unlink_locked(t);
     pthread_mutex_unlock(&g_lock);
-    if (copier) mm_wake_copier();
-    else mm_thread_free(t); /* the ring in the file keeps the records */
+    if (copier) {
+        mm_wake_copier();
+        return;
+    }
+    pthread_mutex_lock(&t->copy_mu);
+    mm_copy_locked(t);
+    pthread_mutex_unlock(&t->copy_mu);
+    pthread_mutex_lock(&g_lock);
+    mm_recycle_locked(t);
+    pthread_mutex_unlock(&g_lock);
 }
 
 static mm_thread *mm_thread_new(void) {
@@ -832,7 +850,6 @@ static mm_thread *mm_thread_new(void) {
         t->next = g_threads;
         if (g_threads) g_threads->prev = t;
         g_threads = t;
-        mm_start_copier_locked();
     }
     pthread_mutex_unlock(&g_lock);
     if (!p) {
