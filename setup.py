@@ -4,6 +4,7 @@ Both are loaded with dlopen/ctypes, not imported: `_nvtx_inject` is the NVTX inj
 `mmscope record`, `_sqlite_pages` writes the recorded NVTX table straight into SQLite pages.
 """
 import platform
+import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -36,6 +37,9 @@ class BuildExt(build_ext):
 
 
 COMMON = ["-O2", "-fvisibility=hidden", "-Wall"]
+# Linux is what the recorder is written for; elsewhere a failed build leaves `mmscope record`
+# unavailable (it says so) and the writer on plain SQLite inserts, but the package installs.
+OPTIONAL = not sys.platform.startswith("linux")
 
 setup(
     ext_modules=[
@@ -44,12 +48,14 @@ setup(
             sources=["src/mmscope/record/nvtx_inject.c"],
             extra_compile_args=list(COMMON),
             extra_link_args=["-lpthread"],
+            optional=OPTIONAL,
         ),
         Extension(
             "mmscope.record._sqlite_pages",
             sources=["src/mmscope/record/sqlite_pages.c"],
             extra_compile_args=list(COMMON),
             extra_link_args=["-lm"],
+            optional=OPTIONAL,
         ),
     ],
     cmdclass={"build_ext": BuildExt},
