@@ -98,7 +98,7 @@ def _record(command, executable, library, spool, output, linger) -> int:
         summary = write_export(spool, output, session)
     except OSError as e:
         raise UserError(f"cannot write {output}: {e}") from None
-    print(f"mmscope record: {summary.events} events, {_n(summary.processes, 'process', 'processes')}, "
+    print(f"mmscope record: {_n(summary.events, 'event', 'events')}, {_n(summary.processes, 'process', 'processes')}, "
           f"{_n(summary.threads, 'thread', 'threads')} -> {summary.path}", file=sys.stderr)
     if summary.events == 0:
         print("mmscope record: no NVTX events were recorded (does the command call NVTX?)", file=sys.stderr)
