@@ -104,3 +104,165 @@ def cached_file(rows: int) -> Path:
         os.replace(tmp, path)
         print(f"generated {path} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return path
+
+
+# --- measurements: each in a fresh process, so peak RSS belongs to that case alone -----------
+# Peak RSS is VmHWM: ru_maxrss survives exec, so a child would report its parent's peak.
+HWM = ("def hwm():\n"
+       "    for line in open('/proc/self/status'):\n"
+       "        if line.startswith('VmHWM:'):\n"
+       "            return int(line.split()[1])\n")
+
+BARE_SCAN = HWM + f"""
+import resource, sqlite3, sys, time
+t = time.perf_counter()
+cur = sqlite3.connect(sys.argv[1]).execute({SCAN_SQL!r})
+n = 0
+while True:
+    rows = cur.fetchmany(65536)
+    if not rows:
+        break
+    n += len(rows)
+print(n, time.perf_counter() - t, hwm(), 0)
+"""
+
+# The command as users run it, in-process, so that its workers' peak shows apart from its own.
+ANALYZE_CLI = HWM + """
+import contextlib, io, os, resource, sys, time
+t = time.perf_counter()
+from mmscope import cli
+with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+    rc = cli.main(["analyze", sys.argv[1], "--json"] + sys.argv[2:])
+assert rc == 0
+print(rc, time.perf_counter() - t, hwm(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+# The parts the target names (stage table, nesting, step join), timed one by one.
+PHASES = HWM + """
+import json, resource, sys, time
+from mmscope.analysis import load, stats, steps, checks, benefit
+out = {}
+t = time.perf_counter(); table = load(sys.argv[1], workers=WORKERS); out["load + nesting"] = time.perf_counter() - t
+t = time.perf_counter(); stats.stage_stats(table); out["stage table"] = time.perf_counter() - t
+t = time.perf_counter(); pairs = steps.step_join(table); steps.summary(table, pairs); out["step join"] = time.perf_counter() - t
+t = time.perf_counter(); checks.run_all(table, pairs); benefit.cache_benefit(table); out["checks + cache benefit"] = time.perf_counter() - t
+out["rows"] = len(table)
+out["rss"] = hwm()
+print(json.dumps(out))
+"""
+
+
+def _python(code: str, *args: str) -> tuple[float, str]:
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          cwd=REPO)
+    if done.returncode != 0:
+        raise SystemExit(done.stderr)
+    return time.perf_counter() - t, done.stdout.strip().splitlines()[-1]
+
+
+def measure(path: Path, workers: int | None) -> dict:
+    extra = [] if workers is None else ["--workers", str(workers)]
+    wall, line = _python(BARE_SCAN, str(path))
+    n, inner, rss, _ = line.split()
+    bare = {"wall": wall, "inner": float(inner), "rss": int(rss) / 1024, "rows": int(n)}
+    wall, line = _python(ANALYZE_CLI, str(path), *extra)
+    _, inner, rss, child = line.split()
+    cli = {"wall": wall, "inner": float(inner), "rss": int(rss) / 1024,
+           "child_rss": int(child) / 1024}
+    _, line = _python(PHASES.replace("WORKERS", repr(workers)), str(path))
+    return {"bare": bare, "cli": cli, "phases": json.loads(line)}
+
+
+def report(path: Path, m: dict, workers) -> None:
+    bare, cli, ph = m["bare"], m["cli"], m["phases"]
+    ratio = cli["wall"] / bare["wall"]
+    total_rss = cli["rss"] + cli["child_rss"]
+    print(f"file: {path} ({path.stat().st_size / 2**20:.0f} MiB, {bare['rows']:,} NVTX rows, "
+          f"{ph['rows']:,} ranges); cores: {len(os.sched_getaffinity(0))}, load average before: "
+          f"{m['load']:.2f}; workers: {'default' if workers is None else workers}")
+    print(f"{'case':<48}{'wall s':>9}{'peak RSS MiB':>14}{'ratio':>8}")
+    print(f"{'bare scan (' + SCAN_SQL[:30] + '... fetchmany)':<48}{bare['wall']:>9.2f}"
+          f"{bare['rss']:>14.0f}{1.0:>8.2f}")
+    print(f"{'mmscope analyze --json (whole command)':<48}{cli['wall']:>9.2f}"
+          f"{cli['rss']:>14.0f}{ratio:>8.2f}")
+    workers_rss = f"{cli['child_rss']:.0f}" if cli["child_rss"] else "none ran"
+    print(f"{'  its scan workers (largest one)':<48}{'':>9}{workers_rss:>14}")
+    for k in ("load + nesting", "stage table", "step join", "checks + cache benefit"):
+        print(f"{'  phase: ' + k:<48}{ph[k]:>9.2f}")
+    print(f"{'  phases, one process (peak RSS)':<48}{'':>9}{ph['rss'] / 1024:>14.0f}")
+    verdict = (cli["wall"] <= 15, total_rss <= 2048, ratio <= 3)
+    print(f"targets: <= 15 s: {cli['wall']:.2f} s {'ok' if verdict[0] else 'MISSED'}; "
+          f"<= 2 GiB: {total_rss:.0f} MiB (command + largest worker) "
+          f"{'ok' if verdict[1] else 'MISSED'}; <= 3x bare scan: {ratio:.2f}x "
+          f"{'ok' if verdict[2] else 'MISSED'}")
+
+
+def libs(path: Path) -> None:
+    """Polars against pyarrow on the stage-table work (group aggregates, one sort, as-of join)."""
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from mmscope.analysis import load, stats
+
+    table = load(str(path))
+    _, mapping = stats.stage_names(table.names)
+    sid, dur, thread, start = mapping[table.name_id], table.duration, table.thread, table.start
+    key = (sid.astype(np.int64) << 40) | dur
+
+    def clock(fn):
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    rows = {
+        "group count/sum/min/max": (
+            clock(lambda: pl.DataFrame({"s": sid, "d": dur}).group_by("s").agg(
+                pl.len(), pl.col("d").sum().alias("sum"), pl.col("d").min().alias("min"),
+                pl.col("d").max().alias("max"))),
+            clock(lambda: pa.table({"s": sid, "d": dur}).group_by("s").aggregate(
+                [("d", "count"), ("d", "sum"), ("d", "min"), ("d", "max")]))),
+        "sort (stage, duration) key": (
+            clock(lambda: pl.Series(key).sort()),
+            clock(lambda: pc.array_sort_indices(pa.array(key)))),
+        "exact p50 per stage": (
+            clock(lambda: pl.DataFrame({"s": sid, "d": dur}).group_by("s").agg(
+                pl.col("d").quantile(0.5, "nearest"))),
+            clock(lambda: pc.quantile(pa.array(dur), q=0.5))),  # pyarrow: no grouped exact quantile
+    }
+    sel = np.flatnonzero(sid == sid[0])
+    left = pl.DataFrame({"t": thread, "s": start}).sort("s")
+    right = pl.DataFrame({"t": thread[sel], "s": start[sel], "o": sel}).sort("s")
+    asof_pl = clock(lambda: left.join_asof(right, on="s", by="t", check_sortedness=False))
+    lt, rt = left.to_arrow(), right.to_arrow()
+    try:
+        asof_pa = clock(lambda: lt.join_asof(rt, on="s", by="t", tolerance=-(1 << 62)))
+    except Exception as e:  # noqa: BLE001 - report what this pyarrow lacks
+        asof_pa = f"n/a ({type(e).__name__})"
+    rows["as-of join by thread"] = (asof_pl, asof_pa)
+    print(f"{'operation on ' + format(len(table), ',') + ' ranges':<40}{'polars s':>10}"
+          f"{'pyarrow s':>12}")
+    for name, (a, b) in rows.items():
+        b = f"{b:.2f}" if isinstance(b, float) else b
+        print(f"{name:<40}{a:>10.2f}{b:>12}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--workers", type=int, help="scan workers (default: mmscope's choice)")
+    ap.add_argument("--libs", action="store_true", help="also compare polars and pyarrow")
+    args = ap.parse_args()
+    path = cached_file(args.rows)
+    load_before = os.getloadavg()[0]
+    m = measure(path, args.workers)
+    m["load"] = load_before
+    report(path, m, args.workers)
+    if args.libs:
+        libs(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,7 +21,7 @@ CHUNK_ROWS = 1 << 18
 PARALLEL_MIN_ROWS = 1_500_000
 COLUMNS = (("start", np.int64), ("end", np.int64), ("thread", np.int64), ("text_id", np.int64),
            ("event_type", np.int16), ("domain", np.int64))
-# Packing limits: ((textId + 1) << 24) | (domainId << 8) | eventType must fit an int64.
+# Packing limits: ((textId + 1) << 24) | (domainId << 8) | eventType must be exact.
 MAX_TEXT_ID, MAX_DOMAIN, MAX_EVENT_TYPE = (1 << 38) - 2, (1 << 16) - 1, 255
 
 
@@ -40,10 +40,15 @@ class Scan:
         return f"FROM {self.table} WHERE rowid >= ? AND rowid < ? ORDER BY rowid"
 
     def packed_sql(self) -> str:
+        """Rows with ((textId + 1) << 24) | (domainId << 8) | eventType, or -1 where that would
+        not be exact (the chunk is then read again, plain)."""
+        tid = f"coalesce({self.col('textId')}, -1)"
+        dom = f"coalesce({self.col('domainId')}, 0)"
         return (f"SELECT start, coalesce({self.col('end')}, start - 1), "
                 f"coalesce({self.col('globalTid', '0')}, 0), "
-                f"((coalesce({self.col('textId')}, -1) + 1) << 24) | "
-                f"(coalesce({self.col('domainId')}, 0) << 8) | eventType {self.where()}")
+                f"CASE WHEN {tid} BETWEEN -1 AND {MAX_TEXT_ID} AND {dom} BETWEEN 0 AND "
+                f"{MAX_DOMAIN} AND eventType BETWEEN 0 AND {MAX_EVENT_TYPE} "
+                f"THEN (({tid} + 1) << 24) | ({dom} << 8) | eventType ELSE -1 END {self.where()}")
 
     def plain_sql(self) -> str:
         gtid = self.col("globalTid", "0")
@@ -53,12 +58,10 @@ class Scan:
                 f"coalesce({self.col('endGlobalTid')}, {gtid}, 0) {self.where()}")
 
     def side_sql(self) -> str:
-        """Per chunk: the bounds that decide whether packing is exact, other-thread ends, texts?"""
-        tid, dom, egt = self.col("textId"), self.col("domainId"), self.col("endGlobalTid")
-        gtid = self.col("globalTid")
+        """Per chunk: row count and rowid span (positions), other-thread ends, any text at all."""
+        egt, gtid = self.col("endGlobalTid"), self.col("globalTid")
         has_text = "max(length(text))" if "text" in self.columns else "NULL"
-        return (f"SELECT count(*), min(rowid), max(rowid), min({tid}), max({tid}), min({dom}), "
-                f"max({dom}), min(eventType), max(eventType), "
+        return (f"SELECT count(*), min(rowid), max(rowid), "
                 f"group_concat(CASE WHEN {egt} != {gtid} THEN rowid || ':' || {egt} END), "
                 f"{has_text} FROM {self.table} WHERE rowid >= ? AND rowid < ?")
 
@@ -130,14 +133,13 @@ def _cat(arrays: list[np.ndarray], dtype) -> np.ndarray:
 
 
 def _read_chunk(con, spec: Scan, a: int, b: int, texts: dict[str, int]) -> dict:
-    (count, r0, r1, i0, i1, d0, d1, e0, e1, cross, text_len) = con.execute(
-        spec.side_sql(), (a, b)).fetchone()
+    count, r0, r1, cross, text_len = con.execute(spec.side_sql(), (a, b)).fetchone()
     if count == 0:
         return _empty_part()
-    if r1 - r0 + 1 == count and _packable(i0, i1, d0, d1, e0, e1):
-        part = _packed(con, spec, a, b, count)
+    part = _packed(con, spec, a, b, count) if r1 - r0 + 1 == count else None
+    if part is not None:
         pos, val = _parse_cross(cross, r0)
-    else:
+    else:  # rowid gaps (positions unknown) or ids too large to pack
         part, pos, val = _plain(con, spec, a, b, count)
     part["cross_pos"], part["cross_thread"] = pos, val
     if text_len:
@@ -147,23 +149,17 @@ def _read_chunk(con, spec: Scan, a: int, b: int, texts: dict[str, int]) -> dict:
     return part
 
 
-def _packable(i0, i1, d0, d1, e0, e1) -> bool:
-    """Whether ((textId + 1) << 24) | (domainId << 8) | eventType is exact for this chunk."""
-    def within(lo, hi, top):
-        return lo is None or (lo >= 0 and hi <= top)
-    return within(i0, i1, MAX_TEXT_ID) and within(d0, d1, MAX_DOMAIN) and within(
-        e0, e1, MAX_EVENT_TYPE)
-
-
 def _fetch(con, sql: str, a: int, b: int, count: int, width: int) -> np.ndarray:
     # Straight from the cursor into numpy: no list of row tuples is ever held.
     flat = itertools.chain.from_iterable(con.execute(sql, (a, b)))
     return np.fromiter(flat, dtype=np.int64, count=count * width).reshape(count, width)
 
 
-def _packed(con, spec: Scan, a: int, b: int, count: int) -> dict:
+def _packed(con, spec: Scan, a: int, b: int, count: int) -> dict | None:
     rows = _fetch(con, spec.packed_sql(), a, b, count, 4)
     packed = rows[:, 3]
+    if packed.min() < 0:
+        return None
     # Column views of `rows`: read_range's concatenation makes them contiguous.
     return {"start": rows[:, 0], "end": rows[:, 1], "thread": rows[:, 2],
             "text_id": (packed >> 24) - 1, "event_type": (packed & 0xFF).astype(np.int16),

@@ -14,16 +14,15 @@ SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
 
 def step_meta_rows(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
     """Rows of parseable step_meta ranges, and the (prefill, decode, total, reqs) per name id."""
-    shapes = np.full((len(table.names), 4), -1, dtype=np.int64)
-    for i, name in enumerate(table.names):
-        shape = stages.parse_step_meta(name)
-        if shape is not None:
-            shapes[i] = (shape.prefill, shape.decode, shape.total, shape.reqs)
-    ids = np.flatnonzero(shapes[:, 0] >= 0)
-    if len(ids) == 0:
-        return np.zeros(0, np.int64), shapes
-    rows = np.flatnonzero(np.isin(table.name_id, ids))
-    return rows, shapes
+    if "step_meta" not in table._cache:
+        shapes = np.full((len(table.names), 4), -1, dtype=np.int64)
+        for i, name in enumerate(table.names):
+            shape = stages.parse_step_meta(name) if name.startswith(stages.STEP_META_PREFIX) else None
+            if shape is not None:
+                shapes[i] = (shape.prefill, shape.decode, shape.total, shape.reqs)
+        rows = table.rows_with_ids(np.flatnonzero(shapes[:, 0] >= 0))
+        table._cache["step_meta"] = (rows, shapes)
+    return table._cache["step_meta"]
 
 
 def step_join(table: RangeTable):

@@ -40,6 +40,7 @@ class RangeTable:
     thread_names: dict[int, str] = field(default_factory=dict)
     process_names: dict[int, str] = field(default_factory=dict)
     source: str = ""
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -54,17 +55,27 @@ class RangeTable:
 
     def ids_of(self, *wanted: str) -> np.ndarray:
         """The name ids of these catalogue names (absent names are skipped)."""
-        index = {n: i for i, n in enumerate(self.names)}
+        if "index" not in self._cache:
+            self._cache["index"] = {n: i for i, n in enumerate(self.names)}
+        index = self._cache["index"]
         return np.array([index[n] for n in wanted if n in index], dtype=np.int64)
 
     def rows_named(self, *wanted: str) -> np.ndarray:
         """Row indices of the ranges with one of these names, in file order."""
-        ids = self.ids_of(*wanted)
+        key = ("names",) + wanted
+        if key not in self._cache:
+            self._cache[key] = self.rows_with_ids(self.ids_of(*wanted))
+        return self._cache[key]
+
+    def rows_with_ids(self, ids: np.ndarray) -> np.ndarray:
+        """Row indices whose name id is one of `ids` (a lookup per row, however many ids)."""
         if len(ids) == 0:
             return np.zeros(0, dtype=np.int64)
         if len(ids) == 1:
             return np.flatnonzero(self.name_id == ids[0])
-        return np.flatnonzero(np.isin(self.name_id, ids))
+        wanted = np.zeros(len(self.names), dtype=bool)
+        wanted[ids] = True
+        return np.flatnonzero(wanted[self.name_id])
 
     def name_of(self, row: int) -> str:
         return self.names[int(self.name_id[row])]
