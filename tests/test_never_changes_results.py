@@ -22,10 +22,14 @@ def run(model, *args, env=None):
     return json.loads(line[len("RESULT "):])
 
 
-def test_same_tokens_without_plugin_and_with_a_hook_failing(tiny_model):
+def test_same_tokens_without_plugin_with_every_range_and_with_a_hook_failing(tiny_model,
+                                                                             tmp_path):
     bare = run(tiny_model, env={"MMSCOPE_DISABLE": "1"})
+    traced = run(tiny_model, env={"MMSCOPE_TRACE": "chrome", "MMSCOPE_TRACE_DIR": str(tmp_path)})
     broken = run(tiny_model, "break")
     assert bare["hooks"] == {h: "not applied" for h in bare["hooks"]}
+    assert set(traced["hooks"].values()) == {"applied"} and os.listdir(tmp_path)
+    assert traced["tokens"] == bare["tokens"]
     assert broken["tokens"] == bare["tokens"]
     off = {h: s for h, s in broken["hooks"].items() if s.startswith("off after error")}
     assert off, broken["hooks"]

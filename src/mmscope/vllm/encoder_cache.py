@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass, field
 
 from mmscope.accounting import Decision, EncoderCacheLedger, Item, probe_line
+from mmscope.stage_timing import merge
 from mmscope.vllm.patching import logger
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
@@ -112,10 +113,17 @@ def saw_schedule(output, scheduler, *args, **kwargs) -> None:
     ledger.occupancy(manager.cache_size - manager.num_free_slots, manager.cache_size)
 
 
-def attach_stats(outputs, scheduler, *args, **kwargs) -> None:
-    """Hand the counts to the one EngineCoreOutputs that carries this step's SchedulerStats."""
+def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=None,
+                 *args, **kwargs) -> None:
+    """Hand the counts, and the worker's stage durations, to the one EngineCoreOutputs that
+    carries this step's SchedulerStats; without one they wait for the next."""
+    pending = scheduler.__dict__.setdefault("_mmscope_stage_durations", {})
+    merge(pending, getattr(model_runner_output, "_mmscope_stage_durations", None))
     for eco in (outputs or {}).values():
         stats = getattr(eco, "scheduler_stats", None)
         if stats is not None:
             stats.encoder_cache_stats = ledger_of(scheduler.encoder_cache_manager).drain().to_wire()
+            if pending:
+                stats.mm_stage_durations = pending
+                scheduler._mmscope_stage_durations = {}
             return

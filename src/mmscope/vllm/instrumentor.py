@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from mmscope.vllm import schema, stat_loggers, targets
+from mmscope.vllm import ranges, schema, stat_loggers, targets
 from mmscope.vllm.patching import APPLIED, Hook, logger
 
 ENV_VARS = {
@@ -43,10 +43,11 @@ class VllmInstrumentor:
                            "match are applied, the others are reported by `mmscope doctor`",
                            self.vllm_version(), self.supported)
         register_env_vars()
-        schema.inject_scheduler_stats_field()
+        schema.inject_scheduler_stats_fields()
         for hook in self.hooks:
             hook.apply()
         stat_loggers.install_log_filter()
+        ranges.route_vllm_ranges()
         self.instrumented = True
         return self.status()
 

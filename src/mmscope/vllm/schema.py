@@ -7,26 +7,21 @@ from __future__ import annotations
 
 import dataclasses
 
-FIELD = "encoder_cache_stats"
+FIELD = "encoder_cache_stats"  # EncoderCacheStats.to_wire()
+STAGES_FIELD = "mm_stage_durations"  # worker stage -> durations in ns since the last stats
+FIELDS = {FIELD: dict[str, int] | None, STAGES_FIELD: dict[str, list[int]] | None}
 
 
-def inject_scheduler_stats_field() -> bool:
-    """Add `encoder_cache_stats: dict[str, int] | None = None` (init=False) to SchedulerStats."""
+def inject_scheduler_stats_fields() -> None:
+    """Declare our fields (default None, init=False) on SchedulerStats, once per process."""
     from vllm.v1.metrics.stats import SchedulerStats
 
-    if FIELD in SchedulerStats.__dataclass_fields__:
-        return True
-    f = dataclasses.field(default=None, init=False)
-    f.name = FIELD
-    f.type = dict[str, int] | None
-    f._field_type = dataclasses._FIELD  # private, but the only way to declare a field afterwards
-    SchedulerStats.__dataclass_fields__[FIELD] = f
-    SchedulerStats.__annotations__[FIELD] = f.type
-    setattr(SchedulerStats, FIELD, None)
-    return True
-
-
-def has_field() -> bool:
-    from vllm.v1.metrics.stats import SchedulerStats
-
-    return FIELD in SchedulerStats.__dataclass_fields__
+    for name, type_ in FIELDS.items():
+        if name in SchedulerStats.__dataclass_fields__:
+            continue
+        f = dataclasses.field(default=None, init=False)
+        f.name, f.type = name, type_
+        f._field_type = dataclasses._FIELD  # private, but the only way to add a field afterwards
+        SchedulerStats.__dataclass_fields__[name] = f
+        SchedulerStats.__annotations__[name] = type_
+        setattr(SchedulerStats, name, None)

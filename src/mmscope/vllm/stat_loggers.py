@@ -8,7 +8,8 @@ import logging
 import threading
 
 from mmscope.accounting import EncoderCacheStats
-from mmscope.vllm.schema import FIELD
+from mmscope.stage_timing import FRONTEND, merge
+from mmscope.vllm.schema import FIELD, STAGES_FIELD
 
 # name, documentation: the counters next to vllm:prefix_cache_* and vllm:mm_cache_*; "encoder
 # cache" everywhere so they cannot be mistaken for the processor cache (vllm:mm_cache_*).
@@ -36,6 +37,13 @@ LABELED = {
     "hits_by_modality": ("vllm:encoder_cache_hits_by_modality", "modality",
                          "Encoder cache hits by modality, in items."),
 }
+STAGE_HISTOGRAM = (
+    "vllm:mm_stage_duration_seconds",
+    "Host wall time of one multimodal pipeline stage (label stage: the mmscope range name, e.g. "
+    "mm:hash:pil_image, mm:processor:hf_processor, gpu_model_runner: vit_forward). On a GPU the "
+    "encoder figure is host time and includes waiting for the device only where vLLM waits.")
+STAGE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
+                 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 GAUGES = {
     "usage_embeds": ("vllm:encoder_cache_usage_embeds",
                      "Encoder cache slots holding encoder outputs, in embeddings."),
@@ -53,7 +61,8 @@ class EncoderCacheProm:
     """The Prometheus series, created by vLLM's PrometheusStatLogger right after its own (its
     __init__ unregisters every vllm:* collector first, so ours must come after)."""
 
-    def __init__(self, counter_cls, gauge_cls, per_engine_labelvalues: dict[int, list]):
+    def __init__(self, counter_cls, gauge_cls, histogram_cls,
+                 per_engine_labelvalues: dict[int, list]):
         labels = ["model_name", "engine"]
         self.labelvalues = per_engine_labelvalues
         self.counters = {k: counter_cls(name=n, documentation=d, labelnames=labels)
@@ -63,6 +72,9 @@ class EncoderCacheProm:
         self.gauges = {k: gauge_cls(name=n, documentation=d, labelnames=labels,
                                     multiprocess_mode="mostrecent")
                        for k, (n, d) in GAUGES.items()}
+        self.stage_seconds = histogram_cls(
+            name=STAGE_HISTOGRAM[0], documentation=STAGE_HISTOGRAM[1],
+            labelnames=labels + ["stage"], buckets=STAGE_BUCKETS)
         # Zero-valued children per engine, so the series exist (and dashboards resolve) at once.
         for idx, values in per_engine_labelvalues.items():
             for metric in (*self.counters.values(), *self.gauges.values()):
@@ -84,19 +96,35 @@ class EncoderCacheProm:
             self.gauges["usage_embeds"].labels(*values).set(stats.usage_embeds or 0)
             self.gauges["capacity_embeds"].labels(*values).set(stats.capacity_embeds)
 
+    def observe_stages(self, durations: dict[str, list[int]], engine_idx: int) -> None:
+        values = self.labelvalues.get(engine_idx)
+        if values is None:
+            return
+        for stage, ns in durations.items():
+            child = self.stage_seconds.labels(*values, stage)
+            for d in ns:
+                child.observe(d / 1e9)
+
 
 # --- PrometheusStatLogger hooks ---------------------------------------------------------------
 def prom_created(result, prom_logger, *args, **kwargs) -> None:
     prom_logger._mmscope_prom = EncoderCacheProm(
-        prom_logger._counter_cls, prom_logger._gauge_cls, prom_logger.per_engine_labelvalues)
+        prom_logger._counter_cls, prom_logger._gauge_cls, prom_logger._histogram_cls,
+        prom_logger.per_engine_labelvalues)
 
 
 def prom_recorded(result, prom_logger, scheduler_stats, iteration_stats=None,
                   mm_cache_stats=None, engine_idx: int = 0) -> None:
-    stats = stats_of(scheduler_stats)
     prom = getattr(prom_logger, "_mmscope_prom", None)
-    if stats is not None and prom is not None:
+    if prom is None:
+        return
+    stats = stats_of(scheduler_stats)
+    if stats is not None:
         prom.observe(stats, engine_idx)
+    # API-server stages were timed in this process; worker stages came with the stats.
+    durations = merge(FRONTEND.drain(), getattr(scheduler_stats, STAGES_FIELD, None))
+    if durations:
+        prom.observe_stages(durations, engine_idx)
 
 
 # --- LoggingStatLogger hooks: the windowed rate and the log-line suffix -----------------------

@@ -4,7 +4,9 @@ Supporting another vLLM release means editing this table; wrappers and metrics s
 """
 from __future__ import annotations
 
+from mmscope import stages
 from mmscope.vllm import encoder_cache as ec
+from mmscope.vllm import ranges as rg
 from mmscope.vllm import stat_loggers as sl
 from mmscope.vllm.patching import Hook, observe_after, observe_around, observe_before
 
@@ -13,6 +15,7 @@ SUPPORTED_VLLM = ">=0.32,<0.33"
 SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
 ECM = "vllm.v1.core.encoder_cache_manager:EncoderCacheManager"
 LOGGERS = "vllm.v1.metrics.loggers"
+RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 
 
 def accounting_hooks() -> list[Hook]:
@@ -58,5 +61,40 @@ def metrics_hooks() -> list[Hook]:
     ]
 
 
+def range_hooks() -> list[Hook]:
+    """API server and worker: the stage ranges of DESIGN §3, step telemetry, stage timings."""
+    return [
+        Hook("ranges.hash", "vllm.multimodal.hasher:MultiModalHasher.hash_kwargs",
+             ("cls", "algorithm"), rg.hash_kwargs_ranged, "ranges", "API server"),
+        Hook("ranges.processor_stages", "vllm.multimodal.processing.context:TimingContext.record",
+             ("self", "stage"), rg.processor_stage_ranged, "ranges", "API server"),
+        Hook("ranges.vit_forward", f"{RUNNER}.timed_encoder_operation",
+             ("self", "should_time", "group_lora_refs", "current_item_idx", "num_items"),
+             rg.encoder_forward_ranged, "ranges", "worker"),
+        Hook("ranges.gather_mm_embeddings", f"{RUNNER}._gather_mm_embeddings",
+             ("self", "scheduler_output"), rg.ranged_method(stages.GATHER_MM_EMBEDDINGS),
+             "ranges", "worker"),
+        Hook("ranges.prepare_mm_inputs", f"{RUNNER}._prepare_mm_inputs",
+             ("self", "num_tokens"), rg.ranged_method(stages.PREPARE_MM_INPUTS),
+             "ranges", "worker"),
+        Hook("ranges.embed_input_ids.cpu",
+             "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model", ("self",),
+             observe_after(rg.model_loaded), "ranges", "worker"),
+        Hook("ranges.embed_input_ids.gpu", f"{RUNNER}.load_model", ("self",),
+             observe_after(rg.model_loaded), "ranges", "worker"),
+        Hook("ranges.ec_connector",
+             "vllm.distributed.ec_transfer.ec_connector.factory:ECConnectorFactory.create_connector",
+             ("cls", "config", "role"), observe_after(rg.connector_created), "ranges", "worker"),
+        Hook("telemetry.step_shape", f"{RUNNER}._prepare_inputs",
+             ("self", "scheduler_output", "num_scheduled_tokens"),
+             observe_before(rg.step_shape_seen), "telemetry", "worker"),
+        Hook("stage_metrics.execute_model", f"{RUNNER}.execute_model",
+             ("self", "scheduler_output"), observe_after(rg.attach_worker_timings),
+             "metrics", "worker"),
+        Hook("stage_metrics.sample_tokens", f"{RUNNER}.sample_tokens", ("self",),
+             observe_after(rg.attach_worker_timings), "metrics", "worker"),
+    ]
+
+
 def all_hooks() -> list[Hook]:
-    return accounting_hooks() + metrics_hooks()
+    return accounting_hooks() + metrics_hooks() + range_hooks()

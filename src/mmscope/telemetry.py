@@ -1,0 +1,34 @@
+"""Per-step batch shape: the `step_tokens` log line and the zero-duration `step_meta` range.
+
+Prefill means the request has not yet computed its whole prompt (num_computed < num_prompt).
+"""
+from __future__ import annotations
+
+import logging
+
+from mmscope import stages, tracing
+
+INFO_EVERY = 50
+
+
+class StepTelemetry:
+    def __init__(self, logger: logging.Logger):
+        self.logger = logger
+        self.step = 0
+
+    def observe(self, shape: stages.StepShape) -> None:
+        """Called once per executed step, on the thread that runs the forward, before it."""
+        self.step += 1
+        tracing.mark(stages.step_meta_range(shape))
+        level = logging.INFO if self.step % INFO_EVERY == 0 else logging.DEBUG
+        if self.logger.isEnabledFor(level):
+            self.logger.log(level, "step_tokens step=%d prefill=%d decode=%d total=%d num_reqs=%d",
+                            self.step, shape.prefill, shape.decode, shape.total, shape.reqs)
+
+
+def split_prefill_decode(num_scheduled, num_computed, num_prompt) -> stages.StepShape:
+    """Tokens of the step by kind; arrays are per request, in the batch's order."""
+    is_prefill = num_computed < num_prompt
+    prefill = int(num_scheduled[is_prefill].sum())
+    total = int(num_scheduled.sum())
+    return stages.StepShape(prefill, total - prefill, total, int(len(num_scheduled)))

@@ -1,0 +1,199 @@
+"""What the range hooks observe: the stage boundaries of vLLM's multimodal pipeline (DESIGN §3).
+
+Each wrapper opens one catalogued range around exactly the vLLM call it names, and times it.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+
+from mmscope import stages, tracing
+from mmscope.stage_timing import FRONTEND, WORKER, timed_stage
+from mmscope.telemetry import StepTelemetry, split_prefill_decode
+from mmscope.vllm.patching import HookState
+
+# --- API server: hashing and processor stages --------------------------------------------------
+NOT_ITEMS = frozenset({"model_id", "media_io_kwargs", "mm_processor_kwargs", "mm_hash"})
+
+
+def hash_branch(obj) -> str:
+    """The MultiModalHasher.serialize_item branch that serializes `obj` (vLLM 0.32's order)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from vllm.multimodal.media import MediaWithBytes
+
+    if isinstance(obj, (bytes, memoryview)):
+        return "bytes"
+    if isinstance(obj, str):
+        return "str"
+    if isinstance(obj, (int, float)):
+        return "number"
+    if isinstance(obj, Image.Image):
+        return "pil_image"
+    if isinstance(obj, MediaWithBytes):
+        return "image_bytes" if isinstance(obj.media, Image.Image) else "video"
+    if isinstance(obj, torch.Tensor):
+        return "tensor"
+    if isinstance(obj, np.ndarray):
+        return "ndarray"
+    return "pickle"
+
+
+def hash_kwargs_ranged(original, state: HookState):
+    """One `mm:hash:<branch>` range per hashed item. hash_kwargs consumes serialize_item's lazy
+    byte generator before it returns, so the range covers the serialization, not just the call."""
+
+    @functools.wraps(original)
+    def wrapper(cls, algorithm, /, **kwargs):
+        if not state.enabled:
+            return original(cls, algorithm, **kwargs)
+        try:
+            items = [v for k, v in kwargs.items() if k not in NOT_ITEMS]
+            name = stages.hash_range(hash_branch(items[0]) if len(items) == 1 else "mixed")
+        except Exception as e:  # noqa: BLE001
+            state.failed(e)
+            return original(cls, algorithm, **kwargs)
+        with timed_stage(name, FRONTEND):
+            return original(cls, algorithm, **kwargs)
+    return wrapper
+
+
+def processor_stage_ranged(original, state: HookState):
+    """TimingContext.record(stage) is entered for every processor stage, timing on or off."""
+
+    @functools.wraps(original)
+    def wrapper(self, stage, *args, **kwargs):
+        cm = original(self, stage, *args, **kwargs)
+        if not state.enabled:
+            return cm
+        return _ranged_cm(stages.processor_range(stage), cm, FRONTEND)
+    return wrapper
+
+
+@contextlib.contextmanager
+def _ranged_cm(name, cm, collector):
+    with timed_stage(name, collector):
+        with cm as value:
+            yield value
+
+
+# --- worker: siblings under `gpu_model_runner: preprocess` -------------------------------------
+def encoder_forward_ranged(original, state: HookState):
+    """timed_encoder_operation wraps exactly model.embed_multimodal per encoder batch; wrapping
+    _execute_mm_encoder instead would also swallow the EC save loop (the seed's bug)."""
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        cm = original(*args, **kwargs)
+        return _ranged_cm(stages.VIT_FORWARD, cm, WORKER) if state.enabled else cm
+    return wrapper
+
+
+def ranged_method(name: str):
+    """A plain method wrapped whole in one range."""
+
+    def factory(original, state: HookState):
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            if not state.enabled:
+                return original(*args, **kwargs)
+            with timed_stage(name, WORKER):
+                return original(*args, **kwargs)
+        return wrapper
+    return factory
+
+
+def _wrap_instance_method(obj, attr: str, name: str) -> None:
+    method = getattr(obj, attr, None)
+    if method is None or getattr(method, "__mmscope_range__", None) == name:
+        return
+
+    @functools.wraps(method)
+    def ranged(*args, **kwargs):
+        with timed_stage(name, WORKER):
+            return method(*args, **kwargs)
+    ranged.__mmscope_range__ = name
+    setattr(obj, attr, ranged)
+
+
+def connector_created(connector, cls, config, role, *args, **kwargs) -> None:
+    """EC connectors differ by class, so the worker-side instance gets the load/save ranges:
+    start_load_caches includes the host-to-device copy, save_caches the device-to-host one."""
+    from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+
+    if role != ECConnectorRole.WORKER:
+        return
+    if getattr(connector, "is_consumer", False):
+        _wrap_instance_method(connector, "start_load_caches", stages.EC_LOAD)
+    if getattr(connector, "is_producer", False):
+        _wrap_instance_method(connector, "save_caches", stages.EC_SAVE)
+
+
+def model_loaded(result, runner, *args, **kwargs) -> None:
+    """embed_input_ids is a method of the model, which exists only once the runner loaded it."""
+    model = getattr(runner, "model", None)
+    if model is not None:
+        _wrap_instance_method(model, "embed_input_ids", stages.EMBED_INPUT_IDS)
+
+
+# --- worker: step telemetry --------------------------------------------------------------------
+_step_telemetry: StepTelemetry | None = None
+
+
+def _first_tp_rank() -> bool:
+    try:
+        from vllm.distributed.parallel_state import get_tp_group
+        return get_tp_group().rank_in_group == 0
+    except Exception:  # noqa: BLE001 - not initialised (unit use): behave as rank 0
+        return True
+
+
+def step_shape_seen(runner, scheduler_output, num_scheduled_tokens, *args, **kwargs) -> None:
+    global _step_telemetry
+    if _step_telemetry is None:
+        _step_telemetry = StepTelemetry(logging.getLogger("vllm.mmscope.step_tokens"))
+    batch = runner.input_batch
+    n = batch.num_reqs
+    shape = split_prefill_decode(num_scheduled_tokens[:n], batch.num_computed_tokens_cpu[:n],
+                                 batch.num_prompt_tokens[:n])
+    if _first_tp_rank():
+        _step_telemetry.observe(shape)
+    else:
+        tracing.mark(stages.step_meta_range(shape))
+
+
+def attach_worker_timings(output, runner, *args, **kwargs) -> None:
+    """Worker stage durations ride to EngineCore on the step's ModelRunnerOutput (pickled whole
+    between processes, so an extra attribute survives)."""
+    if output is not None and hasattr(output, "__dict__"):
+        durations = WORKER.drain()
+        if durations:
+            output._mmscope_stage_durations = durations
+
+
+# --- vLLM's own ranges into mmscope's backends -------------------------------------------------
+def route_vllm_ranges() -> bool:
+    """vLLM opens its step ranges through record_function_or_nullcontext, which calls the cached
+    `_PROFILER_FUNC`. When mmscope traces, point it at our span (keeping NVTX/torch behaviour), so
+    the chrome trace holds `gpu_model_runner: preprocess/forward/...` around our ranges."""
+    if not tracing.active():
+        return False
+    import vllm.envs as envs
+    import vllm.v1.utils as vutils
+
+    inner = None
+    if envs.VLLM_CUSTOM_SCOPES_FOR_PROFILING:
+        from torch.autograd.profiler import record_function as inner
+    # VLLM_NVTX_SCOPES_FOR_PROFILING: our `nvtx` backend already emits the NVTX range.
+    vutils._PROFILER_FUNC = _combined(inner) if inner else tracing.span
+    return True
+
+
+def _combined(inner):
+    @contextlib.contextmanager
+    def both(name):
+        with tracing.span(name), inner(name):
+            yield
+    return both
