@@ -94,6 +94,7 @@ class EncoderCacheLedger:
 
     def __init__(self, probe: ProbeSink | None = None):
         self.probe = probe
+        self.access_log = None  # an access_log.AccessLogWriter, set by the engine adapter
         self._stats = EncoderCacheStats()
         self._proposals: dict[str, list[tuple[Item, Decision]]] = {}
         self._committed: dict[str, set[int]] = defaultdict(set)

@@ -8,6 +8,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from mmscope import access_log
 from mmscope.accounting import Decision, EncoderCacheLedger, Item, probe_line
 from mmscope.stage_timing import merge
 from mmscope.vllm.patching import logger
@@ -23,12 +24,28 @@ def _log_probe(outcome: str, item: Item, source: str | None) -> None:
     logger.info(probe_line(outcome, item, source))
 
 
+def _sink(log_probe: bool, log_access):
+    """Where committed decisions go: probe lines, the access log, both, or nowhere."""
+    if log_probe and log_access:
+        def both(outcome, item, source):
+            _log_probe(outcome, item, source)
+            log_access.item(outcome, item, source)
+        return both
+    if log_access:
+        return log_access.item
+    return _log_probe if log_probe else None
+
+
 def ledger_of(manager) -> EncoderCacheLedger:
     """The ledger lives on vLLM's EncoderCacheManager: one per scheduler, created on first use."""
     ledger = manager.__dict__.get("_mmscope_ledger")
     if ledger is None:
+        log_access = access_log.writer()
+        if log_access is not None:
+            log_access.capacity(manager.cache_size)
         ledger = manager._mmscope_ledger = EncoderCacheLedger(
-            probe=_log_probe if probe_enabled() else None)
+            probe=_sink(probe_enabled(), log_access))
+        ledger.access_log = log_access
     return ledger
 
 
@@ -91,7 +108,10 @@ def saw_can_allocate(result, manager, request, input_id, *args, **kwargs) -> Non
 
 
 def saw_free(manager, request, *args, **kwargs) -> None:
-    ledger_of(manager).forget(request.request_id)
+    ledger = ledger_of(manager)
+    ledger.forget(request.request_id)
+    if ledger.access_log is not None:
+        ledger.access_log.freed(request.request_id)
 
 
 def saw_evictions(result, manager, *args, **kwargs) -> None:
