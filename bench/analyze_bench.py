@@ -1,6 +1,6 @@
-"""Benchmark of `mmscope analyze` on a large nsys-schema SQLite file (DESIGN §8).
+"""Benchmark of `mmscope analyze` on a large nsys-schema SQLite file (DESIGN §8, issue 5).
 
-Generates N NVTX rows (cached under /tmp), then times a bare SQLite scan and the analyzer side by side.
+Generates N NVTX rows (cached in /tmp), times a bare SQLite scan and the analyzer side by side.
 """
 from __future__ import annotations
 
@@ -141,11 +141,14 @@ print(rc, time.perf_counter() - t, hwm(), resource.getrusage(resource.RUSAGE_CHI
 PHASES = HWM + """
 import json, resource, sys, time
 from mmscope.analysis import load, stats, steps, checks, benefit
-out = {}
-t = time.perf_counter(); table = load(sys.argv[1], workers=WORKERS); out["load + nesting"] = time.perf_counter() - t
-t = time.perf_counter(); stats.stage_stats(table); out["stage table"] = time.perf_counter() - t
-t = time.perf_counter(); pairs = steps.step_join(table); steps.summary(table, pairs); out["step join"] = time.perf_counter() - t
-t = time.perf_counter(); checks.run_all(table, pairs); benefit.cache_benefit(table); out["checks + cache benefit"] = time.perf_counter() - t
+out, t = {}, [time.perf_counter()]
+def lap(name):
+    now = time.perf_counter()
+    out[name], t[0] = now - t[0], now
+table = load(sys.argv[1], workers=WORKERS); lap("load + nesting")
+stats.stage_stats(table); lap("stage table")
+pairs = steps.step_join(table); steps.summary(table, pairs); lap("step join")
+checks.run_all(table, pairs); benefit.cache_benefit(table); lap("checks + cache benefit")
 out["rows"] = len(table)
 out["rss"] = hwm()
 print(json.dumps(out))

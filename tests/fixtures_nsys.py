@@ -92,8 +92,9 @@ class NsysFile:
         if event:
             self.event(THREAD, name, 0, None, pid, tid, registered=False)
         else:
-            self.con.execute("INSERT INTO ThreadNames (nameId, priority, globalTid) VALUES (?, ?, ?)",
-                             (self.string(name), 0, global_tid(pid, tid, self.vm)))
+            self.con.execute(
+                "INSERT INTO ThreadNames (nameId, priority, globalTid) VALUES (?, ?, ?)",
+                (self.string(name), 0, global_tid(pid, tid, self.vm)))
 
     def process(self, pid: int, name: str) -> None:
         self.con.execute("INSERT INTO PROCESSES (globalPid, pid, name) VALUES (?, ?, ?)",

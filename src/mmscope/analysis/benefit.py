@@ -1,4 +1,4 @@
-"""The encoder-cache benefit: preprocess time of steps that ran the encoder against steps that did not.
+"""The encoder-cache benefit: preprocess time of steps that ran the encoder against the others.
 
 A step is one `preprocess` range; it ran the encoder when a `vit_forward` lies inside it.
 """

@@ -1,6 +1,6 @@
-"""Load a Chrome trace-event file (mmscope's `chrome` backend, the torch profiler) into a RangeTable.
+"""Load a Chrome trace-event file (mmscope's `chrome` backend, torch profiler) into a RangeTable.
 
-Complete ("X") and begin/end ("B"/"E") events become ranges, instants marks; gzip and bare lists too.
+Complete ("X") and begin/end ("B"/"E") events become ranges, instants marks; gzip, bare lists too.
 """
 from __future__ import annotations
 

@@ -80,6 +80,12 @@ def run(args) -> int:
     return 0
 
 
+def _flag(row: dict) -> str:
+    if row["moved"]:
+        return "[bold red]moved[/bold red]"
+    return "" if row["status"] == "both" else row["status"]
+
+
 def print_terminal(result: dict) -> None:
     from rich.table import Table
 
@@ -95,7 +101,7 @@ def print_terminal(result: dict) -> None:
                   fmt_ns(rb.get("mean_ns")), fmt_ns(rn.get("mean_ns")),
                   fmt_ns(r.get("delta_mean_ns")), "" if pct is None else f"{pct:+.1f}%",
                   fmt_ns(rn.get("total_ns")),
-                  "[bold red]moved[/bold red]" if r["moved"] else r["status"] * (r["status"] != "both"))
+                  _flag(r))
     console = make_console()
     console.print(t)
     if result["moved_most"]:

@@ -1,4 +1,4 @@
-"""Load the SQLite file of `nsys export --type sqlite` (or of `mmscope record`) into a RangeTable.
+"""Load the SQLite file of `nsys export --type sqlite` (or `mmscope record`) into a RangeTable.
 
 Handles both schema eras (text vs textId -> StringIds, with or without eventId), per-process domains.
 """

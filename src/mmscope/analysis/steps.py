@@ -17,7 +17,9 @@ def step_meta_rows(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
     if "step_meta" not in table._cache:
         shapes = np.full((len(table.names), 4), -1, dtype=np.int64)
         for i, name in enumerate(table.names):
-            shape = stages.parse_step_meta(name) if name.startswith(stages.STEP_META_PREFIX) else None
+            if not name.startswith(stages.STEP_META_PREFIX):
+                continue
+            shape = stages.parse_step_meta(name)
             if shape is not None:
                 shapes[i] = (shape.prefill, shape.decode, shape.total, shape.reqs)
         rows = table.rows_with_ids(np.flatnonzero(shapes[:, 0] >= 0))
