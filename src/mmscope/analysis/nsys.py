@@ -1,6 +1,6 @@
 """Load the SQLite file of `nsys export --type sqlite` (or `mmscope record`) into a RangeTable.
 
-Handles both schema eras (text vs textId -> StringIds, with or without eventId), per-process domains.
+Both schema eras (text vs textId -> StringIds, with or without eventId); per-process domains.
 """
 from __future__ import annotations
 
