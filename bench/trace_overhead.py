@@ -59,9 +59,9 @@ CASES = [
 
 def injection_library() -> str | None:
     try:
-        from mmscope.record import injection_library_path
-        return injection_library_path()
-    except Exception:  # noqa: BLE001 - the recorder is optional for this benchmark
+        from mmscope.record import native_library
+        return native_library("_nvtx_inject")
+    except ImportError:  # the recorder is optional for this benchmark
         return None
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import types
 
 import pytest
 
@@ -130,16 +129,18 @@ def test_mmscope_chrome_backend_file(tmp_path):
     from mmscope.tracing.chrome import ChromeTraceWriter
 
     t0 = 1_234_567_890_123
-    writer = types.SimpleNamespace(pid=4242, thread_names={77: "MainThread"}, dropped=0)
     events = [(stages.PREPROCESS, t0, t0 + 5_001, 77), (stages.VIT_FORWARD, t0 + 7, t0 + 2_999, 77),
               (META, t0 + 6_000, t0 + 6_000, 77)]
-    path = tmp_path / "mmscope-4242.trace.json"
-    path.write_text(json.dumps(ChromeTraceWriter._document(writer, events)))
+    path = tmp_path / "mmscope.trace.json"
+    writer = ChromeTraceWriter(str(path))
+    pid = writer.pid
+    writer.thread_names, writer._new_threads, writer.pending = {77: "MainThread"}, [77], events
+    writer.flush()  # unterminated, as a killed process leaves it
     t = load(str(path))
     assert [(t.name_of(i), int(t.start[i]), int(t.end[i]), int(t.depth[i])) for i in range(3)] \
         == [(stages.PREPROCESS, t0, t0 + 5_001, 0), (stages.VIT_FORWARD, t0 + 7, t0 + 2_999, 1),
             (META, t0 + 6_000, t0 + 6_000, 0)]
-    assert t.process[0] == 4242 and t.thread_names == {(4242 << 24) | 77: "MainThread"}
+    assert t.process[0] == pid and t.thread_names == {(pid << 24) | 77: "MainThread"}
 
 
 def test_string_ids_get_stand_ins(tmp_path):

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 from dataclasses import dataclass
+
+from mmscope.tracing.chrome import read_events
 
 
 @dataclass(frozen=True)
@@ -20,8 +21,8 @@ def load(trace_dir) -> tuple[list[Range], dict[tuple[int, int], str]]:
     ranges, threads = [], {}
     for path in glob.glob(os.path.join(str(trace_dir), "*.trace.json")):
         with open(path) as f:
-            doc = json.load(f)
-        for e in doc["traceEvents"]:
+            doc = read_events(f.read())
+        for e in doc:
             if e["ph"] == "X":
                 ranges.append(Range(e["name"], e["ts"], e["ts"] + e["dur"], e["pid"], e["tid"]))
             elif e["ph"] == "M" and e["name"] == "thread_name":

@@ -20,14 +20,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("mmscope.analysis.command", "per-stage table, checks and step join of a profile"),
     "compare": ("mmscope.analysis.compare_command", "per-stage deltas between two profiles"),
     "record": ("mmscope.record.command", "capture NVTX ranges of a command without Nsight Systems"),
+    "load": ("mmscope.load.command", "verify the encoder cache under sweep load against a live server"),
+    "cache-size": ("mmscope.cache_size.command",
+                   "encoder-cache hit rate against capacity, from an access log"),
 }
 
 
 def _available() -> dict[str, tuple[str, str]]:
     found = {}
     for name, (module, help_) in COMMANDS.items():
-        if importlib.util.find_spec(module) is not None:
-            found[name] = (module, help_)
+        try:
+            if importlib.util.find_spec(module) is not None:
+                found[name] = (module, help_)
+        except ModuleNotFoundError:  # its package is not part of this installation
+            pass
     return found
 
 

@@ -9,6 +9,7 @@ import json
 
 from mmscope.analysis import table as tbl
 from mmscope.errors import UserError
+from mmscope.tracing.chrome import read_events
 
 GZIP_MAGIC = b"\x1f\x8b"
 _ID_LIMIT = 1 << 24  # pid and tid each get 24 bits of the nsys-style thread key
@@ -33,8 +34,9 @@ def _parse(path: str):
             data = f.read()
         if data.startswith(GZIP_MAGIC):
             data = gzip.decompress(data)
-        return json.loads(data)
-    except (OSError, EOFError, ValueError) as e:  # JSONDecodeError and bad gzip are ValueErrors
+        # mmscope's own files may lack the closing bracket (a killed process), as the format allows.
+        return read_events(data.decode("utf-8"))
+    except (OSError, EOFError, ValueError) as e:  # JSON, UTF-8 and gzip errors are ValueErrors
         raise UserError(f"{path}: not a readable Chrome trace JSON ({_first_line(e)})") from None
 
 

@@ -85,7 +85,7 @@ class ChromeBackend:
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.flush()
+        self.writer.flush()  # not the file: other configurations may share this process's writer
 
 
 def make_backend(name: str, trace_dir: str) -> Backend:

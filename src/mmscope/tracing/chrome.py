@@ -1,6 +1,8 @@
-"""A Chrome/Perfetto trace-event file per process, rewritten atomically at each flush.
+"""A Chrome/Perfetto trace-event file per process, appended to in the JSON Array Format.
 
-A reader never sees a half-written file: each flush writes a temporary file and renames it.
+Each flush appends whole events in one write; the closing `]` comes at exit. The trace-event format
+makes that bracket optional precisely so that a killed process still leaves a readable trace;
+`read_events` reads such a file too.
 """
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ import os
 import threading
 import time
 
-# Beyond this many events a process keeps counting but stops storing (memory stays bounded).
-MAX_EVENTS = 2_000_000
-FLUSH_INTERVAL_S = 5.0
+# Beyond this many unflushed events a process keeps counting but stops storing.
+MAX_PENDING = 1_000_000
+FLUSH_INTERVAL_S = 2.0
 
 
 class ChromeTraceWriter:
@@ -23,18 +25,23 @@ class ChromeTraceWriter:
     def __init__(self, path: str):
         self.path = path
         self.pid = os.getpid()
-        self.events: list[tuple[str, int, int, int]] = []
+        self.pending: list[tuple[str, int, int, int]] = []
         self.thread_names: dict[int, str] = {}
+        self._new_threads: list[int] = []
         self.dropped = 0
-        self._flushed_len = -1
+        self.closed = False
         self._flush_lock = threading.Lock()
         self.now = time.perf_counter_ns
-        atexit.register(self.flush)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        process = {"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
+                   "args": {"name": multiprocessing.current_process().name}}
+        os.write(self._fd, ("[\n" + json.dumps(process) + ",\n").encode())
+        atexit.register(self.close)
         self._start_flusher()
 
     @classmethod
     def for_process(cls, trace_dir: str) -> "ChromeTraceWriter":
-        """One writer per process; a forked child gets its own file rather than its parent's."""
+        """One writer per process and folder; a forked child gets its own file."""
         key = (os.getpid(), os.path.abspath(trace_dir))
         with cls._lock:
             writer = cls._writers.get(key)
@@ -48,42 +55,63 @@ class ChromeTraceWriter:
         tid = threading.get_native_id()
         if tid not in self.thread_names:
             self.thread_names[tid] = threading.current_thread().name
-        if len(self.events) < MAX_EVENTS:
-            self.events.append((name, start_ns, end_ns, tid))
+            self._new_threads.append(tid)
+        if len(self.pending) < MAX_PENDING:
+            self.pending.append((name, start_ns, end_ns, tid))
         else:
             self.dropped += 1
 
     def _start_flusher(self) -> None:
         def loop():
-            while True:
+            while not self.closed:
                 time.sleep(FLUSH_INTERVAL_S)
                 self.flush()
         threading.Thread(target=loop, name="mmscope-chrome-flush", daemon=True).start()
 
     def flush(self) -> None:
         if os.getpid() != self.pid:
-            return  # a forked child must not overwrite its parent's file
+            return  # a forked child must not write into its parent's file
         with self._flush_lock:
-            n = len(self.events)
-            if n == self._flushed_len:
+            if self.closed:
                 return
-            doc = self._document(self.events[:n])
-            tmp = f"{self.path}.{threading.get_native_id()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(doc, f, separators=(",", ":"))
-            os.replace(tmp, self.path)
-            self._flushed_len = n
+            text = self._take()
+            if text:
+                os.write(self._fd, text.encode())
 
-    def _document(self, events: list[tuple[str, int, int, int]]) -> dict:
+    def _take(self) -> str:
+        # Swapping the lists is atomic under the GIL: spans on other threads keep appending.
+        events, self.pending = self.pending, []
+        threads, self._new_threads = self._new_threads, []
         pid = self.pid
-        out = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
-                "args": {"name": multiprocessing.current_process().name}}]
-        out += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": n}}
-                for tid, n in list(self.thread_names.items())]
+        parts = [json.dumps({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                             "args": {"name": self.thread_names[tid]}}) for tid in threads]
         # Chrome wants microseconds; three decimals keep the nanoseconds.
-        out += [{"name": name, "ph": "X", "ts": round(t0 / 1000, 3),
-                 "dur": round((t1 - t0) / 1000, 3), "pid": pid, "tid": tid}
-                for name, t0, t1, tid in events]
-        return {"traceEvents": out, "displayTimeUnit": "ns",
-                "otherData": {"producer": "mmscope", "clock": "CLOCK_MONOTONIC",
-                              "dropped_events": self.dropped}}
+        parts += [json.dumps({"name": n, "ph": "X", "ts": round(t0 / 1000, 3),
+                              "dur": round((t1 - t0) / 1000, 3), "pid": pid, "tid": tid})
+                  for n, t0, t1, tid in events]
+        return "".join(p + ",\n" for p in parts)
+
+    def close(self) -> None:
+        """Write what is left and the closing bracket: the file becomes strict JSON."""
+        if os.getpid() != self.pid:
+            return
+        with self._flush_lock:
+            if self.closed:
+                return
+            end = json.dumps({"name": "trace_end", "ph": "M", "pid": self.pid, "tid": 0,
+                              "args": {"producer": "mmscope", "clock": "CLOCK_MONOTONIC",
+                                       "dropped_events": self.dropped}})
+            os.write(self._fd, (self._take() + end + "\n]\n").encode())
+            os.close(self._fd)
+            self.closed = True
+
+
+def read_events(text: str) -> list | dict:
+    """Parse a trace file's text, also an unterminated JSON array (a process that was killed)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        stripped = text.rstrip()
+        if not stripped.startswith("["):
+            raise
+        return json.loads(stripped.rstrip(",") + "]")

@@ -84,6 +84,8 @@ def end_probe(probe: _Probe, result, scheduler, request, *args, **kwargs) -> Non
     if result is None:
         return  # vLLM raised; nothing was decided
     to_compute, _num_new_tokens, _budget, external_load, duplicates = result
+    if not (to_compute or external_load or duplicates or probe.local_hits or probe.deferred):
+        return  # the common decode step: no encoder input in the window
     decisions = {i: Decision.LOCAL_HIT for i in probe.local_hits}
     decisions.update({i: Decision.DEFERRED for i in probe.deferred})
     decisions.update({i: Decision.COMPUTE for i in to_compute})

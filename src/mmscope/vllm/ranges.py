@@ -140,14 +140,18 @@ def model_loaded(result, runner, *args, **kwargs) -> None:
 
 # --- worker: step telemetry --------------------------------------------------------------------
 _step_telemetry: StepTelemetry | None = None
+_is_first_tp_rank: bool | None = None
 
 
 def _first_tp_rank() -> bool:
-    try:
-        from vllm.distributed.parallel_state import get_tp_group
-        return get_tp_group().rank_in_group == 0
-    except Exception:  # noqa: BLE001 - not initialised (unit use): behave as rank 0
-        return True
+    global _is_first_tp_rank
+    if _is_first_tp_rank is None:
+        try:
+            from vllm.distributed.parallel_state import get_tp_group
+            _is_first_tp_rank = get_tp_group().rank_in_group == 0
+        except Exception:  # noqa: BLE001 - not initialised (unit use): behave as rank 0
+            return True
+    return _is_first_tp_rank
 
 
 def step_shape_seen(runner, scheduler_output, num_scheduled_tokens, *args, **kwargs) -> None:
