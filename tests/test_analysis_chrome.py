@@ -157,3 +157,19 @@ def test_json_that_is_not_a_trace(tmp_path, doc):
     path.write_text(json.dumps(doc))
     with pytest.raises(UserError, match="not a Chrome trace"):
         load(str(path))
+
+
+def test_a_folder_of_per_process_traces_is_one_profile(tmp_path):
+    """mmscope's chrome backend writes one file per process; the folder analyses as one run."""
+    from mmscope.analysis.formats import load_profile
+
+    for pid, name in ((101, stages.PREPROCESS), (202, stages.FORWARD)):
+        (tmp_path / f"mmscope-{pid}.trace.json").write_text(json.dumps(
+            [{"name": name, "ph": "X", "ts": 1.0, "dur": 2.0, "pid": pid, "tid": pid}]))
+    t = load_profile(str(tmp_path))
+    assert sorted(t.name_of(i) for i in range(len(t))) == sorted([stages.PREPROCESS, stages.FORWARD])
+    assert sorted(set(t.process.tolist())) == [101, 202]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match="a folder without Chrome trace files"):
+        load_profile(str(empty))

@@ -21,11 +21,16 @@ def looks_like_json(head: bytes) -> bool:
 
 
 def load(path: str) -> tbl.RangeTable:
-    events = _events(path, _parse(path))
+    return load_all([path], path)
+
+
+def load_all(paths: list[str], label: str) -> tbl.RangeTable:
+    """Several trace files as one table: the chrome backend writes one file per process."""
+    events = [e for p in paths for e in _events(p, _parse(p))]
     try:
         return _Builder().run(events)
     except (TypeError, ValueError, OverflowError) as e:
-        raise UserError(f"{path}: malformed trace event ({_first_line(e)})") from None
+        raise UserError(f"{label}: malformed trace event ({_first_line(e)})") from None
 
 
 def _parse(path: str):

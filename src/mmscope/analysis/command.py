@@ -13,7 +13,8 @@ from mmscope.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("profile", help="nsys SQLite export, .nsys-rep, or Chrome trace JSON(.gz)")
+    parser.add_argument("profile", help="nsys SQLite export, .nsys-rep, Chrome trace JSON(.gz), or a folder of "
+                        "Chrome traces (MMSCOPE_TRACE_DIR)")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     out.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")

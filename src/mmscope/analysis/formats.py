@@ -18,7 +18,10 @@ REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 
 
 def load_profile(path: str, workers: int | None = None, quiet: bool = False) -> RangeTable:
-    """The RangeTable of an nsys SQLite export, an nsys report or a Chrome trace JSON."""
+    """The RangeTable of an nsys SQLite export, an nsys report, a Chrome trace JSON, or a folder
+    of Chrome traces (one per process, as mmscope's chrome backend writes them)."""
+    if os.path.isdir(path):
+        return _load_trace_folder(path)
     head = _head(path)
     if nsys.is_sqlite(head):
         return nsys.load(path, workers=workers)
@@ -30,6 +33,14 @@ def load_profile(path: str, workers: int | None = None, quiet: bool = False) -> 
         raise UserError(f"{path}: empty file")
     raise UserError(f"{path}: not a profile (expected an nsys SQLite export, an .nsys-rep "
                     "report or a Chrome trace JSON)")
+
+
+def _load_trace_folder(path: str) -> RangeTable:
+    files = sorted(os.path.join(path, f) for f in os.listdir(path)
+                   if f.endswith((".json", ".json.gz")))
+    if not files:
+        raise UserError(f"{path}: a folder without Chrome trace files (*.json, *.json.gz)")
+    return chrome.load_all(files, path)
 
 
 def _head(path: str) -> bytes:
