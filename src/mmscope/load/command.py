@@ -1,0 +1,183 @@
+"""`mmscope load --url URL`: sweep reuse levels against a live OpenAI-compatible server and check
+its encoder-cache counters against the plan; exit 1 on hits missing that capacity does not explain.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+
+from mmscope.errors import UserError
+
+DEFAULT_REUSE = "0,0.5,0.9"
+DEFAULT_IMAGE_SIZE = "224x224"
+UNEXPLAINED_EXIT = 1
+DESCRIPTION = "verify the encoder cache under sweep load against a live server"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", required=True,
+                        help="the server's base URL, e.g. http://127.0.0.1:8000 (the only "
+                             "host contacted)")
+    parser.add_argument("--model", help="served model name (default: the first of GET /v1/models)")
+    parser.add_argument("--reuse", type=reuse_levels, default=reuse_levels(DEFAULT_REUSE),
+                        metavar="R,R,...",
+                        help=f"shares of images that repeat an earlier image of the level, each in "
+                             f"[0, 1] (default: {DEFAULT_REUSE})")
+    parser.add_argument("--requests", type=_at_least(1), default=32, metavar="N",
+                        help="requests per level (default: 32)")
+    parser.add_argument("--images-per-request", type=_at_least(1), default=1, metavar="K",
+                        help="images in each request (default: 1)")
+    parser.add_argument("--concurrency", type=_at_least(1), default=4, metavar="C",
+                        help="requests in flight at once (default: 4)")
+    parser.add_argument("--image-size", type=image_size, default=image_size(DEFAULT_IMAGE_SIZE),
+                        metavar="WxH", help=f"synthetic image size (default: {DEFAULT_IMAGE_SIZE})")
+    parser.add_argument("--seed", type=_at_least(0), metavar="S",
+                        help="seed of the images and prompts (default: a new one per run, printed, "
+                             "since a server still holds the images of a run with the same seed)")
+    parser.add_argument("--max-tokens", type=_at_least(1), default=4, metavar="T",
+                        help="tokens generated per request (default: 4)")
+    parser.add_argument("--timeout", type=_positive, default=600.0, metavar="SECONDS",
+                        help="give up after this long in all (default: 600)")
+    parser.add_argument("--request-timeout", type=_positive, default=120.0, metavar="SECONDS",
+                        help="give up on a request after this long (default: 120)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object instead of tables")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="write a PNG of hit rate and TTFT against reuse")
+
+
+def reuse_levels(text: str) -> list[float]:
+    try:
+        levels = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of numbers: {text!r}") from None
+    if not levels or any(not 0 <= r <= 1 for r in levels):
+        raise argparse.ArgumentTypeError(f"reuse levels must lie in [0, 1]: {text!r}")
+    return levels
+
+
+def image_size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(n) for n in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT, e.g. 224x224: {text!r}") from None
+    if not (1 <= width <= 4096 and 1 <= height <= 4096):
+        raise argparse.ArgumentTypeError(f"image sides must lie in 1..4096: {text!r}")
+    return width, height
+
+
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}: {text!r}")
+        return value
+    return parse
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from mmscope.load import plan, report
+
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    workload = plan.build(seed, args.reuse, args.requests, args.images_per_request, args.image_size)
+    try:
+        info, levels = asyncio.run(asyncio.wait_for(_sweep(args, workload), args.timeout))
+    except TimeoutError:
+        raise UserError(f"the sweep did not finish within --timeout {args.timeout:g} s; raise it "
+                        "or send fewer --requests") from None
+    if args.json:
+        json.dump(report.run_json(info, levels), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        report.print_terminal(info, levels)
+    if args.plot:
+        _write_plot(args.plot, levels)
+    return 0 if all(level.verdict.ok for level in levels) else UNEXPLAINED_EXIT
+
+
+async def _sweep(args, workload):
+    from mmscope.load.client import Server
+    from mmscope.load.report import RunInfo
+    from mmscope.load.sweep import preflight, run_level
+
+    server = Server(args.url, args.request_timeout, args.concurrency)
+    try:
+        target = await preflight(server, args.model, workload, args.max_tokens)
+        levels = []
+        with _progress(workload) as advance:
+            for level in workload.levels:
+                levels.append(await run_level(server, target, workload, level, args.concurrency,
+                                              args.max_tokens, advance(level)))
+    finally:
+        await server.close()
+    info = RunInfo(server.url, target.model, workload.seed, workload.requests,
+                   workload.images_per_request, args.concurrency, workload.image_size,
+                   target.embeds_per_image)
+    return info, levels
+
+
+class _progress:
+    """A rich progress bar on stderr, one row per level, so stdout stays clean for --json."""
+
+    def __init__(self, workload):
+        from rich.console import Console
+        from rich.progress import Progress
+
+        console = Console(stderr=True)
+        self.bar = Progress(console=console, transient=False, disable=not console.is_terminal)
+        self.tasks = {lv.level: self.bar.add_task(f"reuse {lv.reuse:g}", total=len(lv.requests))
+                      for lv in workload.levels}
+
+    def __enter__(self):
+        self.bar.start()
+        return lambda level: lambda: self.bar.advance(self.tasks[level.level])
+
+    def __exit__(self, *exc):
+        self.bar.stop()
+
+
+def _write_plot(path: str, levels) -> None:
+    from mmscope.load.report import write_plot
+
+    try:
+        write_plot(path, levels)
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (`python -m mmscope.load.command`), with mmscope's error handling."""
+    parser = argparse.ArgumentParser(prog="mmscope load", description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except UserError as e:
+        print(f"mmscope: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mmscope: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The workload of one sweep, fixed by a seed: per reuse level, which images each request carries,
+which of them repeat an image sent earlier in that level, and a prompt text unique to the request.
+
+Images are synthetic noise rendered to PNG on demand; each level draws fresh ones, so levels
+(and runs with other seeds) never share cache entries.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import random
+from dataclasses import dataclass, field
+
+# Mixed into every pixel seed so our images never coincide with other numpy-seeded images.
+PIXEL_DOMAIN = 0x6D6D6C64  # "mmld"
+PROBE_LEVEL = 2**31 - 1  # a level no sweep reaches: the preflight's probe image lives there
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    index: int
+    images: tuple[int, ...]  # image numbers within the level, numbered in order of first use
+    repeats: tuple[bool, ...]  # per image: was it sent by an earlier request of the level
+    text: str
+
+    @property
+    def all_repeats(self) -> bool:
+        return all(self.repeats)
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    level: int  # position in the sweep; part of every image's identity
+    reuse: float
+    requests: tuple[PlannedRequest, ...]
+
+    @property
+    def images(self) -> int:
+        return sum(len(r.images) for r in self.requests)
+
+    @property
+    def planned_hits(self) -> int:
+        """Repeats: the hits an encoder cache that never evicts would give."""
+        return sum(sum(r.repeats) for r in self.requests)
+
+    @property
+    def distinct(self) -> int:
+        return self.images - self.planned_hits
+
+
+@dataclass
+class Workload:
+    seed: int
+    requests: int
+    images_per_request: int
+    image_size: tuple[int, int]  # width, height
+    levels: tuple[LevelPlan, ...]
+    _urls: dict[tuple[int, int], str] = field(default_factory=dict, repr=False, compare=False)
+
+    def data_url(self, level: int, image: int) -> str:
+        """The PNG data URL of an image, rendered once and kept until `forget(level)`."""
+        key = (level, image)
+        if key not in self._urls:
+            self._urls[key] = png_data_url(self.seed, level, image, self.image_size)
+        return self._urls[key]
+
+    def forget(self, level: int) -> None:
+        for key in [k for k in self._urls if k[0] == level]:
+            del self._urls[key]
+
+
+def build(seed: int, reuse_levels: list[float], requests: int, images_per_request: int,
+          image_size: tuple[int, int]) -> Workload:
+    levels = tuple(plan_level(seed, n, reuse, requests, images_per_request)
+                   for n, reuse in enumerate(reuse_levels))
+    return Workload(seed, requests, images_per_request, image_size, levels)
+
+
+def plan_level(seed: int, level: int, reuse: float, requests: int, per_request: int) -> LevelPlan:
+    rng = random.Random(f"mmscope-load:{seed}:{level}")
+    planned, new = [], 0
+    for index, n_repeat in enumerate(repeat_counts(rng, reuse, requests, per_request)):
+        slots = [True] * n_repeat + [False] * (per_request - n_repeat)
+        rng.shuffle(slots)
+        # Distinct earlier images where possible: a request never repeats within itself.
+        earlier = rng.sample(range(new), n_repeat)
+        images = []
+        for is_repeat in slots:
+            images.append(earlier.pop() if is_repeat else new)
+            new += not is_repeat
+        planned.append(PlannedRequest(index, tuple(images), tuple(slots),
+                                      prompt_text(seed, level, index)))
+    return LevelPlan(level, reuse, tuple(planned))
+
+
+def max_repeats(requests: int, per_request: int) -> int:
+    """The first request of a level has nothing to repeat."""
+    return (requests - 1) * per_request
+
+
+def repeat_counts(rng: random.Random, reuse: float, requests: int, per_request: int) -> list[int]:
+    """Repeats per request. They are packed into whole requests where the share allows, so that
+    the level has requests whose images are all repeats (their time to first token is the point)."""
+    total = min(int(reuse * requests * per_request + 0.5), max_repeats(requests, per_request))
+    full, partial = divmod(total, per_request)
+    chosen = rng.sample(range(1, requests), full + (partial > 0))
+    counts = [0] * requests
+    for n, index in enumerate(chosen):
+        counts[index] = per_request if n < full else partial
+    return counts
+
+
+def prompt_text(seed: int, level: int, index: int) -> str:
+    """Unique per request, and sent before the images, so no prefix-cache hit can cover an image
+    and skip its encoder-cache lookup."""
+    return f"Request {index} of level {level} (seed {seed}): what do these images show?"
+
+
+def png_data_url(seed: int, level: int, image: int, size: tuple[int, int]) -> str:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng([PIXEL_DOMAIN, seed, level, image])
+    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    # Noise does not compress; the fastest level keeps rendering cheap.
+    Image.fromarray(pixels).save(buf, format="PNG", compress_level=1)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()

@@ -1,0 +1,196 @@
+"""What a sweep shows: per-level numbers as JSON, a terminal table with the verdicts, and a plot
+of hit rate and time to first token against reuse.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mmscope.load import series
+from mmscope.load.sweep import LevelResult
+
+
+MAIN_TITLE = "encoder cache per reuse level"
+CACHE_TITLE = "hits by source, capacity, and vLLM's other caches"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    url: str
+    model: str
+    seed: int
+    requests: int
+    images_per_request: int
+    concurrency: int
+    image_size: tuple[int, int]
+    embeds_per_image: int | None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 2)
+
+
+def _rate(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def ttft_ms(level: LevelResult) -> dict[str, float | None]:
+    groups = {"repeat": [r.timing.ttft_s for r in level.results if r.request.all_repeats],
+              "new": [r.timing.ttft_s for r in level.results if not r.request.all_repeats]}
+    return {f"{name}_p{q}": _ms(percentile(values, q))
+            for name, values in groups.items() for q in (50, 90)}
+
+
+def level_json(level: LevelResult) -> dict:
+    plan, seen, verdict = level.plan, level.observed, level.verdict
+    e2e = [r.timing.e2e_s for r in level.results]
+    return {
+        "reuse": plan.reuse, "requests": len(plan.requests), "images": plan.images,
+        "distinct_images": plan.distinct, "planned_hits": plan.planned_hits,
+        "planned_hit_rate": _rate(plan.planned_hits, plan.images),
+        "observed_queries": seen.queries, "observed_hits": seen.hits,
+        "observed_misses": level.count(series.MISSES),
+        "observed_hit_rate": _rate(seen.hits, seen.queries),
+        "hits_by_source": {s: level.count(series.by_source(s)) for s in series.HIT_SOURCES},
+        "deferrals": level.count(series.DEFERRALS), "evictions": seen.evictions,
+        "capacity_embeds": level.capacity_embeds, "embeds_per_image": level.embeds_per_image,
+        "capacity_allows_hits": level.capacity_allows,
+        **{cache: {"queries": level.count(series.cache_queries(cache)),
+                   "hits": level.count(series.cache_hits(cache))}
+           for cache in series.OTHER_CACHES},
+        "repeat_requests": sum(r.all_repeats for r in plan.requests),
+        "ttft_ms": ttft_ms(level),
+        "e2e_ms": {f"p{q}": _ms(percentile(e2e, q)) for q in (50, 90)},
+        "wall_s": round(level.wall_s, 3),
+        "throughput_rps": round(len(level.results) / level.wall_s, 3) if level.wall_s else None,
+        "verdict": {"status": verdict.status, "text": verdict.text},
+    }
+
+
+def run_json(info: RunInfo, levels: list[LevelResult]) -> dict:
+    return {"url": info.url, "model": info.model, "seed": info.seed,
+            "requests_per_level": info.requests, "images_per_request": info.images_per_request,
+            "concurrency": info.concurrency, "image_size": list(info.image_size),
+            "embeds_per_image": info.embeds_per_image,
+            "ok": all(level.verdict.ok for level in levels),
+            "levels": [level_json(level) for level in levels]}
+
+
+def header(info: RunInfo, levels: list[LevelResult]) -> str:
+    width, height = info.image_size
+    capacity = next((lv.capacity_embeds for lv in levels if lv.capacity_embeds), None)
+    embeds = f"{info.embeds_per_image} embeds" if info.embeds_per_image else "unknown embeds"
+    cache = f"{capacity} embeds" if capacity else "unknown"
+    return (f"mmscope load: {info.url}, model {info.model}, seed {info.seed}\n"
+            f"per level: {_count(info.requests, 'request')} of "
+            f"{_count(info.images_per_request, 'image')}, concurrency {info.concurrency}; "
+            f"{width}x{height} images ({embeds} each); encoder cache {cache}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> None:
+    from rich.console import Console
+
+    console = console or Console(width=None if _is_tty() else 160)
+    rows = [level_json(lv) for lv in levels]
+    console.print(header(info, levels), highlight=False)
+    for title, table in ((MAIN_TITLE, _main_table(rows)), (CACHE_TITLE, _cache_table(rows))):
+        console.print(title, highlight=False)
+        console.print(table)
+    for level in levels:
+        style = "" if level.verdict.ok else "bold red"
+        console.print(f"reuse {level.plan.reuse:g}: {level.verdict.text}", style=style,
+                      highlight=False)
+
+
+def _is_tty() -> bool:
+    import sys
+
+    return sys.stdout.isatty()
+
+
+def _num(value, fmt: str = "{:g}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _percent(rate: float | None) -> str:
+    return _num(rate, "{:.0%}")
+
+
+def _pair(a, b, fmt: str = "{:.1f}") -> str:
+    return f"{_num(a, fmt)} / {_num(b, fmt)}"
+
+
+def _main_table(rows: list[dict]):
+    from rich.table import Table
+
+    table = Table()
+    for name in ("reuse", "requests", "images", "planned hits", "queries", "hits",
+                 "hit rate (plan)", "TTFT repeat p50/p90 ms", "TTFT new p50/p90 ms", "req/s"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        t = r["ttft_ms"]
+        table.add_row(f"{r['reuse']:g}", str(r["requests"]), str(r["images"]),
+                      str(r["planned_hits"]), str(r["observed_queries"]), str(r["observed_hits"]),
+                      f"{_percent(r['observed_hit_rate'])} ({_percent(r['planned_hit_rate'])})",
+                      _pair(t["repeat_p50"], t["repeat_p90"]), _pair(t["new_p50"], t["new_p90"]),
+                      _num(r["throughput_rps"], "{:.2f}"))
+    return table
+
+
+def _cache_table(rows: list[dict]):
+    from rich.table import Table
+
+    table = Table()
+    for name in ("reuse", *series.HIT_SOURCES, "deferrals", "evictions", "capacity allows",
+                 "mm_cache hits/queries", "prefix_cache hits/queries (tokens)"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        table.add_row(f"{r['reuse']:g}", *(str(r["hits_by_source"][s]) for s in series.HIT_SOURCES),
+                      str(r["deferrals"]), str(r["evictions"]), _num(r["capacity_allows_hits"]),
+                      *(f"{r[c]['hits']} / {r[c]['queries']}" for c in series.OTHER_CACHES))
+    return table
+
+
+def write_plot(path: str, levels: list[LevelResult]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [level_json(lv) for lv in levels]
+    reuse = [r["reuse"] for r in rows]
+    fig, (hits, ttft) = plt.subplots(1, 2, figsize=(10, 4))
+    hits.plot(reuse, [_nan(r["planned_hit_rate"]) for r in rows], "--", label="planned")
+    hits.plot(reuse, [_nan(r["observed_hit_rate"]) for r in rows], "o-", label="observed")
+    if all(r["capacity_allows_hits"] is not None for r in rows):
+        hits.plot(reuse, [_nan(_rate(r["capacity_allows_hits"], r["images"])) for r in rows], ":",
+                  label="capacity allows")
+    hits.set(xlabel="reuse", ylabel="encoder cache hit rate", ylim=(0, 1.05))
+    hits.legend()
+    for group, marker, color in (("repeat", "o", "C0"), ("new", "s", "C1")):
+        for q, line in (("p50", "-"), ("p90", ":")):
+            ttft.plot(reuse, [_nan(r["ttft_ms"][f"{group}_{q}"]) for r in rows], marker + line,
+                      color=color, label=f"{group} {q}")
+    ttft.set(xlabel="reuse", ylabel="time to first token (ms)")
+    ttft.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else value

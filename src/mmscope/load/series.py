@@ -1,0 +1,43 @@
+"""The /metrics series the load verifier reads, in one place, as `mmscope.readout` keys.
+
+Keys drop the `vllm:` prefix and `_total` suffix (see `readout.series_key`); `exposed()` gives the
+name a user sees on /metrics, for messages.
+"""
+from __future__ import annotations
+
+# mmscope's encoder-cache series (the adapter's tables in mmscope.vllm.stat_loggers define them).
+QUERIES = "encoder_cache_queries"
+HITS = "encoder_cache_hits"
+MISSES = "encoder_cache_misses"
+DEFERRALS = "encoder_cache_deferrals"
+EVICTIONS = "encoder_cache_evictions"
+HITS_BY_SOURCE = "encoder_cache_hits_by_source"
+HIT_SOURCES = ("local", "in_step", "connector")
+CAPACITY = "encoder_cache_capacity_embeds"
+USAGE = "encoder_cache_usage_embeds"
+COUNTERS = (QUERIES, HITS, MISSES, DEFERRALS, EVICTIONS)
+GAUGES = (CAPACITY, USAGE)
+
+# vLLM's own caches beside it: the processor cache (items) and the prefix cache (tokens).
+OTHER_CACHES = ("mm_cache", "prefix_cache")
+
+
+def exposed(key: str) -> str:
+    suffix = "" if key in GAUGES else "_total"
+    return f"vllm:{key}{suffix}"
+
+
+def labeled(key: str, label: str, value: str) -> str:
+    return f"{key}{{{label}={value}}}"
+
+
+def by_source(source: str) -> str:
+    return labeled(HITS_BY_SOURCE, "source", source)
+
+
+def cache_queries(cache: str) -> str:
+    return f"{cache}_queries"
+
+
+def cache_hits(cache: str) -> str:
+    return f"{cache}_hits"

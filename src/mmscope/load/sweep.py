@@ -1,0 +1,144 @@
+"""Running the sweep: a preflight (model, counters, embeddings per image), then per level the
+planned requests at the given concurrency between two /metrics readings, and the level's numbers.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from mmscope import readout
+from mmscope.errors import UserError
+from mmscope.load import series
+from mmscope.load.client import Server, Timing
+from mmscope.load.plan import PROBE_LEVEL, LevelPlan, PlannedRequest, Workload
+from mmscope.load.verdict import Observed, Verdict, capacity_allows, judge
+
+SETTLE_POLL_S = 0.2  # the last step's stats reach /metrics just after the last response
+SETTLE_MAX_S = 5.0
+PROBE_TEXT = "mmscope load probe: how many embeddings does one image take?"
+
+
+@dataclass(frozen=True)
+class Target:
+    model: str
+    embeds_per_image: int | None  # prompt tokens one image adds; None if usage is not reported
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    request: PlannedRequest
+    timing: Timing
+
+
+@dataclass
+class LevelResult:
+    plan: LevelPlan
+    results: list[RequestResult]
+    wall_s: float
+    delta: dict[str, float]
+    capacity_embeds: int | None
+    embeds_per_image: int | None
+
+    def count(self, key: str) -> int:
+        return int(round(self.delta.get(key, 0.0)))
+
+    @property
+    def observed(self) -> Observed:
+        return Observed(self.count(series.QUERIES), self.count(series.HITS),
+                        self.count(series.EVICTIONS), self.capacity_embeds, self.embeds_per_image)
+
+    @property
+    def verdict(self) -> Verdict:
+        return judge(self.plan, self.observed)
+
+    @property
+    def capacity_allows(self) -> int | None:
+        return capacity_allows(self.plan, self.observed)
+
+
+async def preflight(server: Server, model: str | None, workload: Workload,
+                    max_tokens: int) -> Target:
+    """Fails early, with one line, on a wrong model, a server without mmscope's counters or one
+    that refuses images; measures the embeddings of one image for the capacity estimate."""
+    served = await server.models()
+    if not served:
+        raise UserError(f"{server.url} serves no model")
+    if model is None:
+        model = served[0]
+    elif model not in served:
+        raise UserError(f"model {model!r} is not served at {server.url} (it serves: "
+                        f"{', '.join(served)})")
+    if series.QUERIES not in await server.metrics():
+        raise UserError(f"{server.url}/metrics has no {series.exposed(series.QUERIES)}: is mmscope "
+                        "installed in the server's Python environment (vLLM loads it as a plugin)?")
+    return Target(model, await _embeds_per_image(server, model, workload, max_tokens))
+
+
+async def _embeds_per_image(server: Server, model: str, workload: Workload,
+                            max_tokens: int) -> int | None:
+    probe = workload.data_url(PROBE_LEVEL, 0)
+    bare = await server.chat(model, PROBE_TEXT, [], max_tokens, "probe request without an image")
+    one = await server.chat(model, PROBE_TEXT, [probe], max_tokens, "probe request with an image")
+    workload.forget(PROBE_LEVEL)
+    if bare.prompt_tokens is None or one.prompt_tokens is None:
+        return None
+    return max(one.prompt_tokens - bare.prompt_tokens, 0) or None
+
+
+async def run_level(server: Server, target: Target, workload: Workload, plan: LevelPlan,
+                    concurrency: int, max_tokens: int, on_done=None) -> LevelResult:
+    # Render first: PNG encoding must not count as the server's time to first token.
+    for request in plan.requests:
+        for image in request.images:
+            workload.data_url(plan.level, image)
+    before = await server.metrics()
+    start = time.perf_counter()
+    results = await _send_all(server, target.model, workload, plan, concurrency, max_tokens,
+                              on_done)
+    wall = time.perf_counter() - start
+    after = await _settled_metrics(server, before, plan.images)
+    workload.forget(plan.level)
+    capacity = int(after.get(series.CAPACITY, 0)) or None
+    return LevelResult(plan, results, wall, readout.delta(before, after), capacity,
+                       target.embeds_per_image)
+
+
+async def _send_all(server, model, workload, plan, concurrency, max_tokens, on_done):
+    pending = iter(plan.requests)  # shared by the workers, so requests leave in plan order
+    results: list[RequestResult] = []
+
+    async def worker():
+        for request in pending:
+            urls = [workload.data_url(plan.level, i) for i in request.images]
+            what = f"request {request.index} of reuse level {plan.reuse:g}"
+            timing = await server.chat(model, request.text, urls, max_tokens, what)
+            results.append(RequestResult(request, timing))
+            if on_done:
+                on_done()
+
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return sorted(results, key=lambda r: r.request.index)
+
+
+async def _settled_metrics(server: Server, before: dict, expected_queries: int) -> dict:
+    """Counters once they stop moving, or once every planned query has arrived."""
+    deadline = time.monotonic() + SETTLE_MAX_S
+    last = await server.metrics()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(SETTLE_POLL_S)
+        now = await server.metrics()
+        arrived = now.get(series.QUERIES, 0) - before.get(series.QUERIES, 0) >= expected_queries
+        if _counters(now) == _counters(last) and arrived:
+            return now
+        last = now
+    return last
+
+
+def _counters(values: dict[str, float]) -> tuple[float, ...]:
+    return tuple(values.get(k, 0.0) for k in series.COUNTERS)

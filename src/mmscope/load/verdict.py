@@ -1,0 +1,97 @@
+"""Whether a level's observed encoder-cache hits agree with its plan, and if not, whether the
+cache's capacity explains the difference.
+
+An LRU of the capacity, fed the plan in order, estimates the hits capacity allows; the evictions
+counter bounds what capacity can explain (each hit lost to capacity needs its own eviction).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from mmscope.load.plan import LevelPlan
+
+MATCH, EXPLAINED, UNEXPLAINED, EXCESS = "match", "explained", "unexplained", "excess"
+
+
+@dataclass(frozen=True)
+class Observed:
+    queries: int
+    hits: int
+    evictions: int
+    capacity_embeds: int | None  # None: the server did not say
+    embeds_per_image: int | None  # None: could not be measured
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str
+    text: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status != UNEXPLAINED
+
+
+def lru_hits(plan: LevelPlan, capacity_embeds: int, embeds_per_image: int) -> int:
+    """Hits of vLLM's eviction rule on the plan sent one request at a time: entries in use are
+    kept, freed ones stay resident until space is needed, the one freed longest ago goes first."""
+    if embeds_per_image <= 0:
+        return plan.planned_hits
+    slots = max(capacity_embeds // embeds_per_image, 0)
+    freed: OrderedDict[int, None] = OrderedDict()
+    hits = 0
+    for request in plan.requests:
+        for in_use, image in enumerate(request.images):
+            if image in freed:
+                hits += 1
+                del freed[image]  # in use again
+                continue
+            # Only freed entries make room; the request's earlier images are in use.
+            while freed and len(freed) + in_use + 1 > slots:
+                freed.popitem(last=False)
+        freed.update((image, None) for image in request.images)
+    return hits
+
+
+def capacity_allows(plan: LevelPlan, seen: Observed) -> int | None:
+    if not seen.capacity_embeds or not seen.embeds_per_image:
+        return None
+    return lru_hits(plan, seen.capacity_embeds, seen.embeds_per_image)
+
+
+def judge(plan: LevelPlan, seen: Observed) -> Verdict:
+    planned = plan.planned_hits
+    shortfall = planned - seen.hits
+    share = f"{seen.hits} of {planned} planned hits"
+    if shortfall == 0:
+        status, text = MATCH, f"hits match the plan ({seen.hits} of {planned})"
+    elif shortfall < 0:
+        status, text = EXCESS, (f"{-shortfall} hits more than planned: other traffic on the "
+                                "server, or images still cached from an earlier run with the same "
+                                "--seed")
+    elif shortfall <= seen.evictions:
+        status, text = EXPLAINED, (f"{share}; shortfall explained by capacity "
+                                   f"({_capacity(plan, seen)})")
+    else:
+        unexplained = shortfall - seen.evictions
+        status, text = UNEXPLAINED, (f"{share}; {unexplained} hits missing that capacity does not "
+                                     f"explain ({_capacity(plan, seen)})")
+    return Verdict(status, text + _queries_note(plan, seen))
+
+
+def _capacity(plan: LevelPlan, seen: Observed) -> str:
+    size = f"capacity {seen.capacity_embeds} embeds" if seen.capacity_embeds else "capacity unknown"
+    allows = capacity_allows(plan, seen)
+    lru = f"; an LRU of that size allows {allows} hits" if allows is not None else ""
+    return f"{seen.evictions} evictions, {size}{lru}"
+
+
+def _queries_note(plan: LevelPlan, seen: Observed) -> str:
+    if seen.queries == plan.images:
+        return ""
+    if seen.queries > plan.images:
+        why = "requests preempted and resumed, or other traffic"
+    else:
+        why = "lookups skipped: a prefix-cache hit may cover images"
+    return f"; {seen.queries} queries for {plan.images} images ({why})"

@@ -1,0 +1,300 @@
+"""`mmscope load` without a server: the plan, the capacity estimate and verdict, the streamed
+client against a mock transport, the report, and the command line's argument checks."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mmscope.errors import UserError
+from mmscope.load import plan, series
+from mmscope.load.client import Server, Timing
+from mmscope.load.plan import LevelPlan, PlannedRequest
+from mmscope.load.verdict import EXCESS, EXPLAINED, MATCH, UNEXPLAINED, Observed, judge, lru_hits
+
+
+def first_uses(level: LevelPlan) -> dict[int, int]:
+    seen = {}
+    for r in level.requests:
+        for image, repeat in zip(r.images, r.repeats):
+            seen.setdefault(image, r.index)
+    return seen
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), reuse=st.floats(0, 1), requests=st.integers(1, 40),
+       per_request=st.integers(1, 4))
+def test_plan_invariants(seed, reuse, requests, per_request):
+    level = plan.plan_level(seed, 0, reuse, requests, per_request)
+    assert len(level.requests) == requests and level.images == requests * per_request
+    want = min(int(reuse * requests * per_request + 0.5), (requests - 1) * per_request)
+    assert level.planned_hits == want
+    first = first_uses(level)
+    for r in level.requests:
+        assert len(set(r.images)) == len(r.images)  # never a repeat within a request
+        for image, repeat in zip(r.images, r.repeats):
+            # A repeat was first sent by an earlier request; a new image is sent here first.
+            assert (first[image] < r.index) if repeat else (first[image] == r.index)
+    assert level.distinct == len(first)
+    # New images are numbered in order of first use.
+    assert sorted(first, key=lambda i: (first[i], i)) == sorted(first)
+
+
+def test_plan_is_deterministic_and_seeded():
+    a = plan.build(7, [0, 0.5, 0.9], 20, 2, (32, 32))
+    b = plan.build(7, [0, 0.5, 0.9], 20, 2, (32, 32))
+    c = plan.build(8, [0, 0.5, 0.9], 20, 2, (32, 32))
+    assert a.levels == b.levels and a.levels != c.levels
+    assert a.data_url(1, 3) == b.data_url(1, 3) != c.data_url(1, 3)
+
+
+def test_levels_and_probe_use_fresh_images():
+    w = plan.build(3, [0.5, 0.5], 10, 1, (16, 16))
+    urls = [{w.data_url(lv.level, i) for r in lv.requests for i in r.images} for lv in w.levels]
+    assert len(urls[0]) == w.levels[0].distinct and not urls[0] & urls[1]
+    assert w.data_url(plan.PROBE_LEVEL, 0) not in urls[0] | urls[1]
+
+
+def test_images_are_pngs_of_the_size_asked():
+    import base64
+    import io
+
+    from PIL import Image
+
+    url = plan.png_data_url(1, 0, 0, (48, 20))
+    assert url.startswith("data:image/png;base64,")
+    img = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    assert img.format == "PNG" and img.size == (48, 20)
+
+
+def test_repeats_fill_whole_requests():
+    level = plan.plan_level(0, 0, 0.5, 10, 2)
+    assert level.planned_hits == 10
+    assert sum(r.all_repeats for r in level.requests) == 5
+    assert not level.requests[0].repeats[0]
+
+
+def test_prompts_are_unique_across_requests_levels_and_seeds():
+    texts = [r.text for seed in (1, 2) for lv in plan.build(seed, [0, 0.9], 15, 1, (8, 8)).levels
+             for r in lv.requests]
+    assert len(set(texts)) == len(texts)
+
+
+def scripted(*images_per_request: tuple[int, ...]) -> LevelPlan:
+    requests, seen = [], set()
+    for n, images in enumerate(images_per_request):
+        requests.append(PlannedRequest(n, images, tuple(i in seen for i in images), f"r{n}"))
+        seen.update(images)
+    return LevelPlan(0, 0.5, tuple(requests))
+
+
+def test_lru_hits_follows_vllm_eviction_order():
+    level = scripted((0,), (1,), (0,), (2,), (1,), (0,))
+    assert level.planned_hits == 3
+    assert lru_hits(level, 10 * 16, 16) == 3  # room for all
+    # Two slots: 0,1 | 0 hit (now newest) | 2 evicts 1 | 1 misses, evicts 0 | 0 misses.
+    assert lru_hits(level, 2 * 16, 16) == 1
+    assert lru_hits(level, 16, 16) == 0
+
+
+def test_lru_hits_never_evicts_images_in_use():
+    level = scripted((0, 1), (2, 3), (0, 1))
+    assert lru_hits(level, 2 * 16, 16) == 0
+    assert lru_hits(level, 4 * 16, 16) == 2
+
+
+@pytest.mark.parametrize("hits,evictions,queries,status,words", [
+    (3, 0, 6, MATCH, "hits match the plan (3 of 3)"),
+    (1, 4, 6, EXPLAINED, "shortfall explained by capacity (4 evictions, capacity 32 embeds; "
+                         "an LRU of that size allows 1 hits)"),
+    (1, 1, 6, UNEXPLAINED, "1 hits missing that capacity does not explain"),
+    (5, 0, 6, EXCESS, "2 hits more than planned"),
+    (0, 0, 3, UNEXPLAINED, "3 queries for 6 images"),
+])
+def test_verdicts(hits, evictions, queries, status, words):
+    level = scripted((0,), (1,), (0,), (2,), (1,), (0,))
+    verdict = judge(level, Observed(queries, hits, evictions, 32, 16))
+    assert verdict.status == status and words in verdict.text
+    assert verdict.ok == (status != UNEXPLAINED)
+
+
+def test_verdict_without_capacity_figures():
+    level = scripted((0,), (0,))
+    verdict = judge(level, Observed(2, 0, 0, None, None))
+    assert verdict.status == UNEXPLAINED and "capacity unknown" in verdict.text
+    assert "LRU" not in verdict.text
+
+
+def test_series_names_match_the_adapter():
+    from mmscope.vllm import stat_loggers
+
+    exposed = {n for n, _ in stat_loggers.COUNTERS.values()} | \
+        {n for n, _ in stat_loggers.GAUGES.values()} | \
+        {n for n, _, _ in stat_loggers.LABELED.values()}
+    for key in (*series.COUNTERS, *series.GAUGES, series.HITS_BY_SOURCE):
+        assert series.exposed(key).removesuffix("_total") in exposed
+
+
+# --- the client, against httpx's mock transport ------------------------------------------------
+def sse(*chunks) -> bytes:
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode() + b"data: [DONE]\n\n"
+
+
+def mock_server(handler, timeout=5.0) -> Server:
+    server = Server("http://127.0.0.1:9/v1/", timeout)
+    server.http = httpx.AsyncClient(base_url=server.url, transport=httpx.MockTransport(handler))
+    return server
+
+
+def chat(server: Server, images=("data:image/png;base64,AA==",)) -> Timing:
+    return asyncio.run(server.chat("m", "hello", list(images), 2, "request 0"))
+
+
+def test_client_streams_text_first_and_reads_usage():
+    seen = {}
+
+    def handler(request):
+        seen.update(json.loads(request.content))
+        body = sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+                   {"choices": [{"delta": {"content": "x"}}]},
+                   {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 2}})
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    server = mock_server(handler)
+    assert server.url == "http://127.0.0.1:9"
+    timing = chat(server)
+    content = seen["messages"][0]["content"]
+    assert [part["type"] for part in content] == ["text", "image_url"]
+    assert seen["stream"] is True and seen["stream_options"] == {"include_usage": True}
+    assert 0 <= timing.ttft_s <= timing.e2e_s
+    assert (timing.prompt_tokens, timing.completion_tokens) == (30, 2)
+
+
+@pytest.mark.parametrize("response,message", [
+    (httpx.Response(400, json={"error": {"message": "At most 1 image(s) may be\nprovided"}}),
+     "request 0: HTTP 400: At most 1 image(s) may be provided"),
+    (httpx.Response(404, json={"detail": "Not Found"}), "request 0: HTTP 404: Not Found"),
+    (httpx.Response(500, text="<html>boom</html>"), "request 0: HTTP 500: <html>boom</html>"),
+    (httpx.Response(200, content=sse({"error": {"message": "engine dead"}})),
+     "request 0: the server reported an error: engine dead"),
+    (httpx.Response(200, content=b"data: [DONE]\n\n"),
+     "request 0: the server's stream ended without a token"),
+])
+def test_client_errors_are_one_line(response, message):
+    with pytest.raises(UserError) as e:
+        chat(mock_server(lambda request: response))
+    assert str(e.value) == message
+
+
+def test_client_connection_refused_and_slow_server():
+    def refuse(request):
+        raise httpx.ConnectError("All connection attempts failed")
+
+    with pytest.raises(UserError, match=r"^request 0: cannot reach http://127.0.0.1:9: All conn"):
+        chat(mock_server(refuse))
+
+    async def slow(request):
+        await asyncio.sleep(5)
+
+    with pytest.raises(UserError, match=r"no complete answer .* within 0.2 s"):
+        chat(mock_server(slow, timeout=0.2))
+
+
+def test_metrics_page_must_be_prometheus():
+    server = mock_server(lambda request: httpx.Response(200, text="{not prometheus"))
+    with pytest.raises(UserError, match="is not a Prometheus metrics page"):
+        asyncio.run(server.metrics())
+
+
+# --- report and arguments -----------------------------------------------------------------------
+def fake_level(reuse=0.5, capacity=32, hits=3, evictions=0):
+    from mmscope.load.sweep import LevelResult, RequestResult
+
+    level = scripted((0,), (1,), (0,), (2,), (1,), (0,))
+    level = LevelPlan(0, reuse, level.requests)
+    results = [RequestResult(r, Timing(0.01 * (1 + r.index), 0.1, 20, 2)) for r in level.requests]
+    delta = {series.QUERIES: 6, series.HITS: hits, series.MISSES: 6 - hits,
+             series.EVICTIONS: evictions, series.by_source("local"): hits,
+             series.cache_queries("mm_cache"): 6, series.cache_hits("mm_cache"): 3}
+    return LevelResult(level, results, 1.5, delta, capacity, 16)
+
+
+def test_json_report_shape():
+    from mmscope.load.report import RunInfo, run_json
+
+    info = RunInfo("http://x", "m", 1, 6, 1, 2, (32, 32), 16)
+    out = run_json(info, [fake_level(), fake_level(0.9, hits=1, evictions=0)])
+    assert out["ok"] is False
+    first = out["levels"][0]
+    for key in ("reuse", "requests", "images", "planned_hits", "observed_queries", "observed_hits"):
+        assert key in first
+    assert set(first["ttft_ms"]) == {"repeat_p50", "repeat_p90", "new_p50", "new_p90"}
+    assert first["ttft_ms"]["repeat_p50"] == 50.0  # requests 2, 4, 5: 30, 50, 60 ms
+    assert first["ttft_ms"]["new_p50"] == 20.0  # requests 0, 1, 3: 10, 20, 40 ms
+    assert first["hits_by_source"] == {"local": 3, "in_step": 0, "connector": 0}
+    assert first["mm_cache"] == {"queries": 6, "hits": 3}
+    assert first["throughput_rps"] == 4.0 and first["verdict"]["status"] == MATCH
+    json.dumps(out)
+
+
+def test_terminal_report_and_plot(tmp_path):
+    from rich.console import Console
+
+    from mmscope.load.report import RunInfo, print_terminal, write_plot
+
+    levels = [fake_level(0.0), fake_level(0.5, hits=1, evictions=3)]
+    console = Console(record=True, width=200)
+    print_terminal(RunInfo("http://x", "m", 1, 6, 1, 2, (32, 32), 16), levels, console)
+    text = console.export_text()
+    assert "encoder cache per reuse level" in text and "32 embeds" in text
+    assert "reuse 0.5: 1 of 3 planned hits; shortfall explained by capacity" in text
+    write_plot(str(tmp_path / "p.png"), levels)
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_percentile_matches_numpy():
+    import numpy as np
+
+    from mmscope.load.report import percentile
+
+    values = [5.0, 1.0, 9.0, 3.0, 7.5]
+    for q in (0, 50, 90, 100):
+        assert percentile(values, q) == pytest.approx(np.percentile(values, q))
+    assert percentile([], 50) is None
+
+
+@pytest.mark.parametrize("argv,wrong", [
+    (["--reuse", "0,1.5"], "reuse levels must lie in [0, 1]"),
+    (["--reuse", "a,b"], "not a comma-separated list"),
+    (["--image-size", "32"], "expected WIDTHxHEIGHT"),
+    (["--requests", "0"], "must be at least 1"),
+    (["--timeout", "-1"], "must be positive"),
+])
+def test_bad_arguments(argv, wrong, capsys):
+    from mmscope.load.command import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--url", "http://127.0.0.1:1", *argv])
+    assert e.value.code == 2 and wrong in capsys.readouterr().err
+
+
+def test_bad_url_scheme(capsys):
+    from mmscope.load.command import main
+
+    assert main(["--url", "127.0.0.1:8000", "--seed", "1"]) == 2
+    assert capsys.readouterr().err.strip() == ("mmscope: error: --url must start with http:// or "
+                                               "https://, not '127.0.0.1:8000'")
+
+
+def test_add_arguments_defaults():
+    from mmscope.load.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--url", "http://h"])
+    assert args.reuse == [0, 0.5, 0.9] and args.image_size == (224, 224) and args.seed is None
