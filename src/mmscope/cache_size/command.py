@@ -128,7 +128,7 @@ def print_table(r: dict) -> None:
     from rich.table import Table
 
     console = Console() if sys.stdout.isatty() else Console(width=120)
-    console.print(_heading(r), highlight=False)
+    print(_heading(r), flush=True)
     table = Table(box=None, pad_edge=False)
     table.add_column("capacity (embeds)", justify="right")
     if r["bytes_per_token"]:
@@ -143,7 +143,7 @@ def print_table(r: dict) -> None:
         cells += [f"{100 * row['hit_rate']:.1f}%", str(row["hits"]), _marks(row, r)]
         table.add_row(*cells)
     console.print(table)
-    console.print(_answer(r), highlight=False)
+    print(_answer(r))
 
 
 def _heading(r: dict) -> str:

@@ -74,6 +74,8 @@ def _parse(f, path: str) -> Trace:
                 continue
             else:
                 raise ValueError(kind)
+    except UnicodeDecodeError:
+        raise
     except (ValueError, IndexError):
         if line.endswith("\n") or n == 1:
             raise UserError(_bad_line(path, n, engines)) from None
