@@ -192,7 +192,7 @@ def event_streams(draw):
             continue
         if slot not in live:
             live[slot], next_req = next_req, next_req + 1
-        events.append((live[slot], key, sizes[key], roll == 9))
+        events.append((live[slot], key, sizes[key], trace.CONNECTOR if roll == 9 else roll % 2))
     events += [(req, trace.FREE, 0, 0) for req in live.values()]
     return sizes, events
 

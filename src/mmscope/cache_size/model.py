@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmscope.cache_size.trace import FREE, Trace
+from mmscope.cache_size.trace import CONNECTOR, FREE, Trace
 
 COLD = np.iinfo(np.int64).max  # a first access: a miss at every capacity
 RELEASES = ("end", "access")
@@ -70,7 +70,7 @@ def _walk(events, hold_until_end: bool) -> _Walk:
     held: dict[int, list[int]] = {}  # request -> keys it references, in access order
     open_at: dict[int, int] = {}  # freed key -> its release number
     released, pinned, i = w.released, 0, -1
-    for req, key, embeds, connector in events:
+    for req, key, embeds, outcome in events:
         if key == FREE:
             for k in held.pop(req, ()):
                 holders = refs[k]
@@ -91,8 +91,8 @@ def _walk(events, hold_until_end: bool) -> _Walk:
                 w.starts.append(start)
                 w.closes.append(len(released))
                 w.pinned.append(pinned)
-                w.access.append(-1 if connector else i)
-            if connector:
+                w.access.append(-1 if outcome == CONNECTOR else i)
+            if outcome == CONNECTOR:
                 w.distance[i] = 0
             size_of[key] = embeds
             if not hold_until_end:

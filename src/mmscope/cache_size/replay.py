@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from mmscope.cache_size.trace import FREE
+from mmscope.cache_size.trace import CONNECTOR, FREE
 
 
 class _Cache:
@@ -48,13 +48,13 @@ class _Cache:
 def replay(events, capacity: int, release: str = "end") -> list[bool]:
     """Hit or miss per access of one engine's events at one capacity."""
     cache, held, hits = _Cache(capacity), {}, []
-    for req, key, embeds, connector in events:
+    for req, key, embeds, outcome in events:
         if key == FREE:
             for k in held.pop(req, ()):
                 cache.release(req, k)
             cache.evict_until(capacity)  # trim what an over-capacity admission left
             continue
-        hits.append(cache.access(req, key, embeds) or bool(connector))
+        hits.append(cache.access(req, key, embeds) or outcome == CONNECTOR)
         if release == "access":
             cache.release(req, key)
             cache.evict_until(capacity)

@@ -1,7 +1,8 @@
 """Read an encoder-cache access log (mmscope.access_log's format) into compact per-engine event
 lists for the cache model: integers only, one tuple per access or freed request.
 
-An event is (request, key, embeds, connector); a freed request is (request, FREE, 0, 0).
+An event is (request, key, embeds, outcome) with outcome MISS, HIT or CONNECTOR (what the log
+recorded); a freed request is (request, FREE, 0, 0). DEFERRED lines are not accesses.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass, field
 from mmscope.errors import UserError
 
 FREE = -1
+MISS, HIT, CONNECTOR = 0, 1, 2
+OUTCOMES = {"MISS": MISS, "HIT": HIT, "DEFERRED": None}
 
 
 @dataclass
@@ -22,6 +25,14 @@ class EngineTrace:
     accesses: int = 0
     hits: int = 0
     largest_item: int = 0
+
+    def tally(self, embeds: int, outcome: int) -> None:
+        if embeds <= 0:
+            raise ValueError(embeds)
+        self.accesses += 1
+        self.hits += outcome != MISS
+        if embeds > self.largest_item:
+            self.largest_item = embeds
 
 
 @dataclass
@@ -60,23 +71,31 @@ def _parse(f, path: str) -> Trace:
     requests: dict[str, int] = {}
     n, line = 0, ""
     try:
+        # One tight loop: a million lines should read in about a second.
         for n, line in enumerate(f, 1):
-            p = line.rstrip("\n").split("\t")
+            p = line.split("\t")
             kind = p[0]
             if kind == "A" and len(p) == 10:
-                _access(engines, keys, requests, p)
+                outcome = OUTCOMES[p[8]]
+                if outcome is None:  # DEFERRED: committed again when it is really scheduled
+                    continue
+                if outcome and p[9].rstrip("\n") == "connector":
+                    outcome = CONNECTOR
+                embeds = int(p[7])
+                e = engines.get(p[2]) or _engine(engines, p[2])
+                e.events.append((requests.setdefault(p[3], len(requests)),
+                                 keys.setdefault(p[6], len(keys)), embeds, outcome))
+                e.tally(embeds, outcome)
             elif kind == "F" and len(p) == 4:
-                _engine(engines, p[2]).events.append(
-                    (requests.setdefault(p[3], len(requests)), FREE, 0, 0))
+                e = engines.get(p[2]) or _engine(engines, p[2])
+                e.events.append((requests.setdefault(p[3].rstrip("\n"), len(requests)), FREE, 0, 0))
             elif kind == "C" and len(p) == 4:
-                _engine(engines, p[2]).capacity = int(p[3])
-            elif kind.startswith("#") or not line.strip():
-                continue
-            else:
+                (engines.get(p[2]) or _engine(engines, p[2])).capacity = int(p[3])
+            elif not (kind.startswith("#") or line.isspace()):
                 raise ValueError(kind)
     except UnicodeDecodeError:
         raise
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, KeyError):
         if line.endswith("\n") or n == 1:
             raise UserError(_bad_line(path, n, engines)) from None
         # A last line without its newline: a copy taken while an engine was writing.
@@ -90,23 +109,5 @@ def _bad_line(path: str, n: int, engines: dict) -> str:
 
 
 def _engine(engines: dict[str, EngineTrace], name: str) -> EngineTrace:
-    e = engines.get(name)
-    if e is None:
-        e = engines[name] = EngineTrace(name)
+    e = engines[name] = EngineTrace(name)
     return e
-
-
-def _access(engines, keys, requests, p: list[str]) -> None:
-    outcome, embeds = p[8], int(p[7])
-    if outcome == "DEFERRED":  # not an access: it is committed again when it is scheduled
-        return
-    if outcome not in ("HIT", "MISS") or embeds <= 0:
-        raise ValueError(outcome)
-    e = _engine(engines, p[2])
-    connector = outcome == "HIT" and p[9] == "connector"
-    e.events.append((requests.setdefault(p[3], len(requests)), keys.setdefault(p[6], len(keys)),
-                     embeds, connector))
-    e.accesses += 1
-    e.hits += outcome == "HIT"
-    if embeds > e.largest_item:
-        e.largest_item = embeds
