@@ -165,18 +165,10 @@ def _write_plot(path: str, levels) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry point (`python -m mmscope.load.command`), with mmscope's error handling."""
-    parser = argparse.ArgumentParser(prog="mmscope load", description=DESCRIPTION)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except UserError as e:
-        print(f"mmscope: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("mmscope: interrupted", file=sys.stderr)
-        return 130
+    """`python -m mmscope.load.command ...` is `mmscope load ...`, same errors and exit codes."""
+    from mmscope.cli import main as cli_main
+
+    return cli_main(["load", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
