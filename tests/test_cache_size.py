@@ -303,3 +303,13 @@ def test_module_entry_point_and_cli_name(tmp_path):
 def test_user_error_from_trace_load(tmp_path):
     with pytest.raises(UserError):
         trace.load(str(tmp_path))
+
+
+def test_log_without_capacity_line(tmp_path, capsys):
+    path = write_log(tmp_path / "x.log", *one_by_one("a", "a"), capacity=None)
+    rc, out, _ = run_main(capsys, path, "--json")
+    r = json.loads(out)
+    assert (r["recorded_capacity_tokens"], r["model_hit_rate_at_recorded"]) == (None, None)
+    assert [p["capacity_tokens"] for p in r["curve"]] == [16]
+    rc, out, _ = run_main(capsys, path)
+    assert rc == 0 and "recorded at" not in out and "80% hits: unreachable" in out

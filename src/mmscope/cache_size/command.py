@@ -10,12 +10,23 @@ import sys
 from mmscope.errors import UserError
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+EPILOG = """\
+The model replays vLLM 0.32's EncoderCacheManager rule: entries referenced by a running request
+are never evicted; unreferenced ones stay resident and are evicted oldest-freed first, only when
+space is needed. It simplifies: a request's reference to an item is dropped right after the access
+(vLLM: once the item's tokens are computed; --release end holds it to request end instead); the
+log's order and concurrency are kept (at a smaller cache vLLM would defer items and run fewer
+requests at once); connector hits stay hits; each engine is replayed on its own and hits are added
+up, every engine at the given capacity.
+"""
 RELEASE_HELP = ("when the model drops a request's reference to an item: 'access' right after the "
                 "access (default; vLLM drops it once the item's tokens are computed, which is "
                 "soon after), 'end' at the request's F line (finish or preemption)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("log", help="access log written with MMSCOPE_ACCESS_LOG=FILE")
     parser.add_argument("--capacities", nargs="+", metavar="N",
                         help="capacities in embedding tokens, comma- or space-separated (default: "

@@ -1,24 +1,25 @@
-"""The encoder-cache model: for every access, the smallest capacity at which vLLM 0.32's
-EncoderCacheManager rule would have hit it, computed for all capacities in one pass over the log.
-
-The rule (vllm/v1/core/encoder_cache_manager.py): an entry referenced by a running request is
-never evicted; an unreferenced entry stays resident and is evicted oldest-freed first, only when a
-new entry needs the space. Under that rule the cache at capacity C always holds the referenced
-("pinned") entries plus the most recently freed entries that fit beside them, so an access to a
-freed entry hits iff  pinned + (embeds of entries freed since it, still unreferenced) + its own
-embeds <= C.  That sum is the access's distance; the curve is the distribution of distances.
-
-What the model simplifies (the command's help and README-cache-size.md say the same):
-- release="end": a request holds its references from the access until its F line (request end
-  or preemption); vLLM drops each one earlier, once the item's tokens are computed.
-  release="access": references are dropped right after the access (pure LRU by access).
-- The log's order and concurrency are kept: at a smaller capacity the real scheduler would defer
-  items for lack of space and so run fewer requests at once. Where the pinned entries alone leave
-  no room, the model admits the item over capacity (vLLM would defer it) and trims back to the
-  capacity, oldest-freed first, as soon as references are released.
-- Connector hits (source=connector) stay hits at every capacity; the loaded item enters the cache.
-- Each engine is replayed on its own; the curve sums their hits at the same per-engine capacity.
+"""The encoder-cache model: for every access, the smallest capacity at which vLLM 0.32's eviction
+rule would have hit it, for all capacities in one pass over the log; the curve is their distribution.
 """
+# Why one pass is exact. vllm/v1/core/encoder_cache_manager.py never evicts an entry that a running
+# request references, keeps unreferenced entries resident, and evicts them oldest-freed first, only
+# when a new entry needs the space. So at capacity C the cache always holds the referenced
+# ("pinned") entries plus the most recently freed entries that fit beside them, and an access to a
+# freed entry hits iff  pinned + embeds of the entries freed since it (and still unreferenced) +
+# its own embeds <= C.  That sum is its distance. tests/test_cache_size.py checks it against
+# replay.py, a per-capacity simulation, on random logs.
+#
+# What the model simplifies:
+# - release="access" (the default): a request's reference is dropped right after the access, so
+#   the cache is an LRU by access in embeddings. vLLM drops it once the item's tokens are computed,
+#   usually the same or the next step. release="end": held until the request's F line (finish or
+#   preemption), which over-pins during decode (see README-cache-size.md for both against vLLM).
+# - The log's order and concurrency are kept; at a smaller capacity vLLM would defer items for
+#   lack of space. Where pinned entries alone leave no room the model admits the item over capacity
+#   and trims back, oldest-freed first, as soon as references are released.
+# - Connector hits stay hits at every capacity (the connector's store does not depend on the local
+#   cache); the loaded item enters the local cache like a computed one.
+# - Each engine is replayed on its own; the curve adds up their hits at the same capacity each.
 from __future__ import annotations
 
 import math
@@ -29,7 +30,7 @@ import numpy as np
 from mmscope.cache_size.trace import CONNECTOR, FREE, Trace
 
 COLD = np.iinfo(np.int64).max  # a first access: a miss at every capacity
-RELEASES = ("end", "access")
+RELEASES = ("access", "end")
 
 
 @dataclass
@@ -44,7 +45,7 @@ class _Walk:
     access: list[int]  # the access it answers, or -1 (a connector hit: no query)
 
 
-def distances(events, release: str = "end") -> np.ndarray:
+def distances(events, release: str = "access") -> np.ndarray:
     """One distance per access of one engine's events (int64; COLD for a first access)."""
     if release not in RELEASES:
         raise ValueError(f"release must be one of {RELEASES}")
@@ -189,7 +190,7 @@ class Curve:
         return sorted(grid)
 
 
-def curve(trace: Trace, release: str = "end") -> Curve:
+def curve(trace: Trace, release: str = "access") -> Curve:
     """Replay each engine of the log on its own; pool their accesses (hits add up)."""
     parts = [distances(e.events, release) for e in trace.engines.values()]
     capacities = {e.capacity for e in trace.engines.values() if e.capacity}

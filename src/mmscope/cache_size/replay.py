@@ -45,7 +45,7 @@ class _Cache:
             self.used -= embeds
 
 
-def replay(events, capacity: int, release: str = "end") -> list[bool]:
+def replay(events, capacity: int, release: str = "access") -> list[bool]:
     """Hit or miss per access of one engine's events at one capacity."""
     cache, held, hits = _Cache(capacity), {}, []
     for req, key, embeds, outcome in events:
