@@ -212,7 +212,8 @@ def test_one_pass_equals_per_capacity_simulation(stream, release):
 def test_earlier_greater_sums(pairs):
     values = np.array([p[0] for p in pairs], np.int64)
     weights = np.array([p[1] for p in pairs], np.int64)
-    want = [sum(int(weights[j]) for j in range(i) if values[j] > values[i]) for i in range(len(pairs))]
+    want = [sum(int(weights[j]) for j in range(i) if values[j] > values[i])
+            for i in range(len(pairs))]
     assert model._earlier_greater_sums(values, weights).tolist() == want
 
 
@@ -246,7 +247,8 @@ def test_table_output_and_explicit_capacities(tmp_path, capsys):
     assert rc == 0
     rows = [line.split() for line in out.splitlines() if line.split()[0].isdigit()]
     assert [r[0] for r in rows] == ["16", "48", "64"]
-    assert rows[0][-2:] == ["14.3%", "1"] and rows[1][-5:] == ["57.1%", "4", "every", "repeat", "hits"]
+    assert rows[0][-2:] == ["14.3%", "1"]
+    assert rows[1][-5:] == ["57.1%", "4", "every", "repeat", "hits"]
     assert "12.0 KiB" in out  # 48 x 64 x 4 bytes
     assert "80% hits: unreachable" in out and "57.1%" in out
 
@@ -294,10 +296,11 @@ def test_module_entry_point_and_cli_name(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["curve"][0]["hits"] == 1
-    bad = subprocess.run([sys.executable, "-m", "mmscope.cli", "cache-size",
-                          str(tmp_path / "missing.log")], capture_output=True, text=True, timeout=120)
+    missing = str(tmp_path / "missing.log")
+    bad = subprocess.run([sys.executable, "-m", "mmscope.cli", "cache-size", missing],
+                         capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
-    assert bad.stderr.strip() == f"mmscope: error: {tmp_path / 'missing.log'}: no such file"
+    assert bad.stderr.strip() == f"mmscope: error: {missing}: no such file"
 
 
 def test_user_error_from_trace_load(tmp_path):

@@ -38,10 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="width of one cached embedding (the language model's hidden size "
                              "for LLaVA-style models): adds bytes to every capacity")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16",
-                        help="dtype of the cached embeddings, with --hidden-size (default bfloat16)")
+                        help="dtype of the cached embeddings (default bfloat16)")
     parser.add_argument("--release", choices=("access", "end"), default="access", help=RELEASE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--plot", metavar="FILE", help="write the curve as an image (PNG, SVG, PDF)")
+    parser.add_argument("--plot", metavar="FILE", help="write the curve as PNG, SVG or PDF")
 
 
 def run(args) -> int:
@@ -166,8 +166,9 @@ def _heading(r: dict) -> str:
         lines.append(f"recorded at {r['recorded_capacity_tokens']} embeds: "
                      f"{100 * r['recorded_hit_rate']:.1f}% hits in the log, "
                      f"{100 * r['model_hit_rate_at_recorded']:.1f}% by the model")
-    lines.append(f"model: vLLM 0.32 eviction (unreferenced entries, oldest freed first), "
-                 f"references released at {'each access' if r['release'] == 'access' else 'request end'}")
+    when = "each access" if r["release"] == "access" else "request end"
+    lines.append("model: vLLM 0.32 eviction (unreferenced entries, oldest freed first), "
+                 f"references released at {when}")
     return "\n".join(lines)
 
 

@@ -1,5 +1,5 @@
 """The encoder-cache model: for every access, the smallest capacity at which vLLM 0.32's eviction
-rule would have hit it, for all capacities in one pass over the log; the curve is their distribution.
+rule would have hit it, for all capacities in one pass over a log; the curve is their distribution.
 """
 # Why one pass is exact. vllm/v1/core/encoder_cache_manager.py never evicts an entry that a running
 # request references, keeps unreferenced entries resident, and evicts them oldest-freed first, only
