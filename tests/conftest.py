@@ -20,13 +20,14 @@ def tiny_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def traced_server(tiny_model, tmp_path_factory):
-    """One OpenAI server for the session with every mmscope range on (MMSCOPE_TRACE=chrome)."""
+    """One OpenAI server for the session with every mmscope range on (MMSCOPE_TRACE=chrome) and
+    the probe on (VLLM_MM_CACHE_PROBE=1)."""
     from mmscope.serve import VllmServer
 
     base = tmp_path_factory.mktemp("traced-server")
     srv = VllmServer(tiny_model, str(base / "vllm.log"),
                      env={"MMSCOPE_TRACE": "chrome", "MMSCOPE_TRACE_DIR": str(base / "traces"),
-                          "VLLM_LOG_STATS_INTERVAL": "1"})
+                          "VLLM_LOG_STATS_INTERVAL": "1", "VLLM_MM_CACHE_PROBE": "1"})
     srv.trace_dir = base / "traces"
     with srv:
         yield srv

@@ -73,4 +73,4 @@ def test_stats_line_shows_encoder_hit_rate_and_no_probe_by_default(server):
     assert lines, "the periodic stats line never carried the encoder hit rate"
     assert "Avg prompt throughput" in lines[-1] and lines[-1].rstrip().endswith("%")
     assert "mm_cache_probe" not in server.log_text()
-    assert "Unknown vLLM environment variable" not in server.log_text()
+    assert "Unknown vLLM environment variable detected: VLLM_MM_CACHE_PROBE" not in server.log_text()

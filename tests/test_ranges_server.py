@@ -81,3 +81,15 @@ def test_ranges_land_in_their_processes_and_threads(traced_server):
     assert d[stages.processor_range("apply_hf_processor")] == 2
     assert d[stages.GATHER_MM_EMBEDDINGS] >= 3
     assert time.time() - t0 < 120
+
+
+def test_probe_lines_in_the_engine_log_agree_with_the_counters(traced_server):
+    srv = traced_server
+    chat(srv.url, srv.model, [850, 850, 851], "Probe?")
+    text = httpx.get(srv.url + "/metrics").text
+    counts = {f.name: sum(s.value for s in f.samples if s.name.endswith("_total"))
+              for f in text_string_to_metric_families(text)}
+    log = srv.log_text()
+    assert log.count("mm_cache_probe HIT") == counts["vllm:encoder_cache_hits"]
+    assert log.count("mm_cache_probe MISS") == counts["vllm:encoder_cache_misses"]
+    assert "Unknown vLLM environment variable detected: VLLM_MM_CACHE_PROBE" not in log

@@ -1,25 +1,18 @@
 """The environment works: vLLM CPU runs the tiny model offline with images, plugin loaded."""
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from mmscope import tiny_model
+from tests.vllm_kit import offline_llm
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_model):
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import LLM
-
-    engine = LLM(model=tiny_model, enforce_eager=True, max_model_len=512, max_num_seqs=4,
-                 max_num_batched_tokens=256, limit_mm_per_prompt={"image": 2},
-                 kv_cache_memory_bytes=64 * 2**20, seed=0)
-    yield engine
-    del engine
+    # vLLM's offline default: no statistics kept.
+    return offline_llm(tiny_model, disable_log_stats=True)
 
 
 def _prompt(image, text="What is this?"):

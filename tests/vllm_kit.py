@@ -24,14 +24,24 @@ def prompt(images, text="What is this?"):
 
 
 def offline_llm(model: str, **overrides):
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    """An in-process engine (the worker runs in this process, so tests can count its work)."""
     from vllm import LLM
 
     kwargs = dict(model=model, enforce_eager=True, max_model_len=512, max_num_seqs=4,
                   max_num_batched_tokens=256, limit_mm_per_prompt={"image": 3},
                   kv_cache_memory_bytes=64 * 2**20, seed=0, disable_log_stats=False)
     kwargs.update(overrides)
-    return LLM(**kwargs)
+    # Only for this engine's construction: servers started later by other tests inherit
+    # os.environ and must stay multiprocess.
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        return LLM(**kwargs)
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
 
 
 def counters(llm) -> dict[str, float]:
