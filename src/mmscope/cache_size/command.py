@@ -202,16 +202,10 @@ def human_bytes(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mmscope cache-size",
-        description="encoder-cache hit rate against capacity, from an access log")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except UserError as e:
-        print(f"mmscope: error: {e}", file=sys.stderr)
-        return 2
+    """`python -m mmscope.cache_size.command ...` is `mmscope cache-size ...`."""
+    from mmscope.cli import main as cli_main
+
+    return cli_main(["cache-size", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
