@@ -1,5 +1,5 @@
 /*
- * C side of bench/record_bench.py: times NVTX push/pop pairs through the real header-only NVTX
+ * C side of bench/record_overhead.py: times NVTX push/pop pairs through the real header-only NVTX
  * loader (nvtxRangePushA with a constant message, and nvtxDomainRangePushEx with a registered
  * string), with or without an injection library, and can produce a large recording.
  *

@@ -5,7 +5,7 @@
 2. The same through the C NVTX headers (nvtxRangePushA, nvtxDomainRangePushEx), recorded.
 3. Time to turn a 10-million-range recording into the SQLite export; the target is <= 10 s.
 
-usage: python bench/record_bench.py [--rounds 7] [--pairs 200000] [--ranges 10000000]
+usage: python bench/record_overhead.py [--rounds 7] [--pairs 200000] [--ranges 10000000]
 """
 from __future__ import annotations
 
