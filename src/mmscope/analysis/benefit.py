@@ -32,7 +32,8 @@ def encoder_per_step(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
     if inside.any():
         by_row = np.argsort(pre)
         slot = by_row[np.searchsorted(pre, host[inside], sorter=by_row)]
-        np.add.at(enc, slot, table.duration[vit[inside]])
+        v = vit[inside]
+        np.add.at(enc, slot, table.end[v] - table.start[v])
     return pre, enc
 
 
@@ -41,7 +42,7 @@ def cache_benefit(table: RangeTable) -> dict:
     if len(pre) == 0:
         return {"available": False,
                 "reason": f"no '{stages.PREPROCESS}' ranges in the profile"}
-    dur = table.duration[pre]
+    dur = table.end[pre] - table.start[pre]
     ran = enc > 0
     with_enc, without = _summary(dur[ran]), _summary(dur[~ran])
     benefit = None

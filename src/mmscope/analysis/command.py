@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--csv", metavar="FILE", help="write the per-stage table as CSV")
     parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
     parser.add_argument("--workers", type=int, metavar="N",
-                        help="processes reading a large SQLite file (default: free cores)")
+                        help="read an SQLite file through SQLite on N processes (default: read "
+                        "its pages directly; SQLite on the free cores where that cannot)")
 
 
 def check_regex(pattern: str | None) -> None:

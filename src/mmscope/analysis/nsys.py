@@ -4,12 +4,13 @@ Both schema eras (text vs textId -> StringIds, with or without eventId); per-pro
 """
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 
 import numpy as np
 
-from mmscope.analysis import nsys_scan
+from mmscope.analysis import nsys_pages, nsys_scan
 from mmscope.analysis import table as tbl
 from mmscope.errors import UserError
 
@@ -54,13 +55,30 @@ def _load(path: str, workers: int | None, chunk_rows: int) -> tbl.RangeTable:
         hi = con.execute(f"SELECT max(rowid) FROM {name}").fetchone()[0]
         thread_names = _thread_names_table(con, strings)
         process_names = _process_names(con)
+        pages = _page_layout(con, name, workers)
     finally:
         con.close()
-    if lo is None:
+    raw = _read_pages(path, pages) if pages is not None else None
+    if raw is None and lo is None:
         raw = nsys_scan.read_range(spec, 0, 0)
-    else:
+    elif raw is None:
         raw = nsys_scan.scan(spec, lo, hi + 1, workers, chunk_rows)
     return _to_table(raw, types, strings, thread_names, process_names)
+
+
+def _page_layout(con, name: str, workers: int | None):
+    """Where the page reader finds the table, or None: asked for SQLite scan workers (argument
+    or MMSCOPE_ANALYZE_WORKERS), or a table whose records it does not decode."""
+    if workers is not None or os.environ.get("MMSCOPE_ANALYZE_WORKERS"):
+        return None
+    return nsys_pages.layout(con, name)
+
+
+def _read_pages(path: str, pages) -> dict | None:
+    try:
+        return nsys_pages.read(path, pages)
+    except nsys_pages.Unsupported:
+        return None  # something SQLite decodes and the page reader does not: read through SQLite
 
 
 def _nvtx_table(con: sqlite3.Connection, path: str) -> str:
@@ -124,7 +142,7 @@ def _to_table(raw: dict, types: dict[int, str], strings: dict[int, str],
     cols = {"start": raw.pop("start"), "end": raw.pop("end"), "thread": raw.pop("thread"),
             "domain": raw.pop("domain"), "name": name_code, "end_thread": end_thread}
     del name_code, end_thread
-    keep = np.isin(event_type, list(kind_of))
+    keep = _isin_small(event_type, list(kind_of))
     if not keep.all():  # metadata rows (domains, thread names, categories) leave the table
         rows = np.flatnonzero(keep)
         cols = {k: v[rows] for k, v in cols.items()}
@@ -149,8 +167,26 @@ def _resolve_names(text_id: np.ndarray, text_codes, texts: list[str], strings: d
                            else np.zeros(len(text_id), np.int64))
     if len(ids) == 0:
         return names, fallback
-    pos = np.minimum(np.searchsorted(ids, text_id), len(ids) - 1)
-    return names, np.where(ids[pos] == text_id, pos, fallback)
+    lo, span = int(ids[0]), int(ids[-1]) - int(ids[0]) + 1
+    if span > max(4 * len(ids), 1 << 20):  # sparse ids: search them
+        pos = np.minimum(np.searchsorted(ids, text_id), len(ids) - 1)
+        return names, np.where(ids[pos] == text_id, pos, fallback)
+    # Dense ids (nsys numbers its strings 1, 2, ...): one table lookup per row.
+    table = np.full(span, -1, np.int64)
+    table[ids - lo] = np.arange(len(ids))
+    at = text_id - lo
+    outside = (at < 0) | (at >= span)
+    at[outside] = 0
+    pos = table[at]
+    pos[outside] = -1
+    return names, np.where(pos >= 0, pos, fallback)
+
+
+def _isin_small(values: np.ndarray, wanted: list[int]) -> np.ndarray:
+    """np.isin for int16 event types: one lookup per row."""
+    table = np.zeros(1 << 16, bool)
+    table[[w & 0xFFFF for w in wanted if -(1 << 15) <= w < (1 << 15)]] = True
+    return table[values.view(np.uint16)]
 
 
 def _thread_name_events(raw, event_type, types, names, name_code) -> dict[int, str]:

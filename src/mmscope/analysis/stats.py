@@ -97,12 +97,17 @@ def _share_of_parent(table: RangeTable, sid: np.ndarray, dur: np.ndarray, names:
     n = len(names)
     parent_name: list[str | None] = [None] * n
     share: list[float | None] = [None] * n
-    has = table.parent >= 0
-    if not has.any():
+    has = np.flatnonzero(table.parent >= 0)
+    if len(has) == 0:
         return parent_name, share
-    rows = pl.DataFrame({"s": sid[has], "p": table.parent[has], "d": dur[has]})
-    child = rows.group_by("s").agg(pl.col("d").sum())
-    pairs = rows.select("s", "p").unique()
+    s_child, p_child = sid[has], table.parent[has]
+    child = pl.DataFrame({"s": s_child, "d": dur[has]}).group_by("s").agg(pl.col("d").sum())
+    del has
+    # The distinct (stage, parent row) pairs, as one int64 key (parent * stages + stage).
+    key = pl.Series(p_child * n + s_child).unique().to_numpy()
+    del s_child, p_child
+    pairs = pl.DataFrame({"s": (key % n).astype(sid.dtype), "p": key // n})
+    del key
     p_rows = pairs["p"].to_numpy()
     pairs = pairs.with_columns(pd=pl.Series(dur[p_rows]), ps=pl.Series(sid[p_rows]))
     parent_total = pairs.group_by("s").agg(pl.col("pd").sum())

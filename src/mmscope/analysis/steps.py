@@ -4,6 +4,9 @@ It gives forward time against the step's batch shape (prefill/decode tokens, req
 """
 from __future__ import annotations
 
+import itertools
+import re
+
 import numpy as np
 
 from mmscope import stages
@@ -12,19 +15,47 @@ from mmscope.analysis.table import RangeTable, latest_before
 SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
 
 
+# `stages.parse_step_meta` for many names at once: one line per name, empty groups where the
+# name is no step_meta.
+_STEP_META_LINE = re.compile(
+    r"^(?:step_meta: prefill=(\d+) decode=(\d+) total=(\d+) reqs=(\d+)|.*)$", re.M)
+
+
 def step_meta_rows(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
     """Rows of parseable step_meta ranges, and the (prefill, decode, total, reqs) per name id."""
     if "step_meta" not in table._cache:
         shapes = np.full((len(table.names), 4), -1, dtype=np.int64)
-        for i, name in enumerate(table.names):
-            if not name.startswith(stages.STEP_META_PREFIX):
-                continue
-            shape = stages.parse_step_meta(name)
-            if shape is not None:
-                shapes[i] = (shape.prefill, shape.decode, shape.total, shape.reqs)
+        at = [i for i, name in enumerate(table.names) if name.startswith(stages.STEP_META_PREFIX)]
+        if at:
+            shapes[at] = _parse_shapes([table.names[i] for i in at])
         rows = table.rows_with_ids(np.flatnonzero(shapes[:, 0] >= 0))
         table._cache["step_meta"] = (rows, shapes)
     return table._cache["step_meta"]
+
+
+def _parse_shapes(names: list[str]) -> np.ndarray:
+    """(prefill, decode, total, reqs) of each name, -1s where it is no step_meta.
+
+    Every profile step has its own step_meta name (hundreds of thousands in a long run), so they
+    are matched in one pass over their joined text and their numbers parsed in one call; names
+    where that could differ from `stages.parse_step_meta` (non-ASCII digits, line breaks, numbers
+    past int64) go one by one."""
+    out = np.full((len(names), 4), -1, dtype=np.int64)
+    text = "\n".join(names)
+    if text.isascii() and text.count("\n") == len(names) - 1:
+        found = _STEP_META_LINE.findall(text)
+        digits = list(itertools.chain.from_iterable(f for f in found if f[0]))
+        if len(found) == len(names) and max(map(len, digits), default=0) <= 18:
+            values = np.fromstring(" ".join(digits), dtype=np.int64, sep=" ")
+            if len(values) == len(digits):
+                ok = np.fromiter((f[0] != "" for f in found), bool, len(found))
+                out[ok] = values.reshape(-1, 4)
+                return out
+    for j, name in enumerate(names):
+        shape = stages.parse_step_meta(name)
+        if shape is not None:
+            out[j] = (shape.prefill, shape.decode, shape.total, shape.reqs)
+    return out
 
 
 def step_join(table: RangeTable):
@@ -38,7 +69,7 @@ def step_join(table: RangeTable):
     f, m = forwards[hit], meta_of[hit]
     shape = shapes[table.name_id[m]]
     df = pl.DataFrame({"forward_row": f, "meta_row": m, "thread": table.thread[f],
-                       "start": table.start[f], "forward_ns": table.duration[f],
+                       "start": table.start[f], "forward_ns": table.end[f] - table.start[f],
                        **{k: shape[:, j] for j, k in enumerate(SHAPE_FIELDS)}})
     return df.sort("start", "forward_row")
 
@@ -68,10 +99,14 @@ def _by_kind(pairs) -> list[dict]:
         return []
     fwd = pairs["forward_ns"].to_numpy()
     total = pairs["total"].to_numpy()
-    kinds = kind_of(pairs["prefill"].to_numpy(), pairs["decode"].to_numpy())
+    prefill, decode = pairs["prefill"].to_numpy(), pairs["decode"].to_numpy()
+    # kind_of's classes as masks (no string per step).
+    masks = {"prefill": (prefill > 0) & (decode == 0), "decode": (prefill == 0) & (decode > 0),
+             "mixed": (prefill > 0) & (decode > 0)}
+    masks["idle"] = ~(masks["prefill"] | masks["decode"] | masks["mixed"])
     out = []
     for k in ("prefill", "decode", "mixed", "idle"):
-        sel = kinds == k
+        sel = masks[k]
         n = int(sel.sum())
         if n == 0:
             continue

@@ -159,21 +159,32 @@ def nest(thread: np.ndarray, sub: np.ndarray, start: np.ndarray, end: np.ndarray
     parent = np.full(n, NO_PARENT, dtype=np.int64)
     if n == 0:
         return depth, parent
-    ks_row, ke_row = _packed_keys(_group_index(thread, sub), start, end)
-    order = _sort_order(ks_row, ke_row)
+    g = _group_index(thread, sub)
+    ks_row, ke_row = _packed_keys(g, start, end)
+    order = _sort_order(ks_row, ke_row, g)
+    del g
     ks, ke = ks_row[order], ke_row[order]
     del ks_row, ke_row
-    pos = np.flatnonzero(ke > ks)
-    zero = np.flatnonzero(ke <= ks)
-    ks_p, ke_p = ks[pos], ke[pos]
-    d_pos, p_pos = _nest_positive(ks_p, ke_p)
-    d_zero, p_zero = _nest_zero(ks_p, ke_p, d_pos, p_pos, ks[zero])
-    depth[order[pos]] = d_pos
-    depth[order[zero]] = d_zero
-    if len(pos):
-        rows_of_pos = order[pos]
-        parent[rows_of_pos] = np.where(p_pos >= 0, rows_of_pos[np.maximum(p_pos, 0)], NO_PARENT)
-        parent[order[zero]] = np.where(p_zero >= 0, rows_of_pos[np.maximum(p_zero, 0)], NO_PARENT)
+    # Everything in sorted positions first; rows only at the end (two scatters, one gather).
+    positive = ke > ks
+    if positive.all():
+        d_sorted, p_sorted = _nest_positive(ks, ke)
+    else:
+        pos = np.flatnonzero(positive)
+        zero = np.flatnonzero(~positive)
+        ks_p, ke_p = ks[pos], ke[pos]
+        d_pos, p_pos = _nest_positive(ks_p, ke_p)
+        d_zero, p_zero = _nest_zero(ks_p, ke_p, d_pos, p_pos, ks[zero])
+        del ks_p, ke_p
+        d_sorted = np.empty(n, np.int32)
+        d_sorted[pos], d_sorted[zero] = d_pos, d_zero
+        p_sorted = np.full(n, NO_PARENT, np.int64)
+        if len(pos):
+            p_sorted[pos] = np.where(p_pos >= 0, pos[np.maximum(p_pos, 0)], NO_PARENT)
+            p_sorted[zero] = np.where(p_zero >= 0, pos[np.maximum(p_zero, 0)], NO_PARENT)
+    del ks, ke, positive
+    depth[order] = d_sorted
+    parent[order] = np.where(p_sorted >= 0, order[np.maximum(p_sorted, 0)], NO_PARENT)
     return depth, parent
 
 
@@ -204,9 +215,24 @@ def _packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
     return (g << bits) | inverse[:len(s)], (g << bits) | inverse[len(s):]
 
 
-def _sort_order(ks: np.ndarray, ke: np.ndarray) -> np.ndarray:
+def packed_order(g: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    """np.argsort(ks, kind="stable") for keys packed as (group, time).
+
+    Profiles list each thread's ranges in start order, so a radix sort of the small group ids
+    mostly sorts the keys already; the full sort runs only where it did not."""
+    small = g.astype(np.int16) if len(g) and int(g.max()) < (1 << 15) else g
+    order = np.argsort(small, kind="stable")
+    del small
+    sk = ks[order]
+    if len(sk) > 1 and (sk[1:] < sk[:-1]).any():
+        # Within a group the rows are still in row order, so ties stay by row.
+        order = order[np.argsort(sk, kind="stable")]
+    return order
+
+
+def _sort_order(ks: np.ndarray, ke: np.ndarray, g: np.ndarray) -> np.ndarray:
     """Rows by (group and start, end descending, row): one stable sort, then fix equal starts."""
-    order = np.argsort(ks, kind="stable")
+    order = packed_order(g, ks)
     sk = ks[order]
     tied = np.flatnonzero(sk[1:] == sk[:-1])
     if len(tied):
@@ -225,17 +251,23 @@ def _nest_positive(ks: np.ndarray, ke: np.ndarray):
     # Ends are nearly in start order already, which the stable (merge) sort exploits.
     depth = np.arange(m, dtype=np.int64)
     depth -= np.searchsorted(np.sort(ke, kind="stable"), ks, side="right")
-    # Small ints sort by radix: group the positions by level, in position order within a level.
-    level = depth.astype(np.int16) if depth.max() < (1 << 15) else depth
-    by_level = np.argsort(level, kind="stable")
-    del level
-    level_key = depth[by_level] * m + by_level
-    want = np.maximum(depth - 1, 0) * m + np.arange(m)
-    k = np.searchsorted(level_key, want, side="left") - 1
-    del level_key, want
-    cand = by_level[np.maximum(k, 0)]
-    ok = (depth > 0) & (k >= 0) & (depth[cand] == depth - 1)
-    return depth.astype(np.int32), np.where(ok, cand, NO_PARENT)
+    parent = np.full(m, NO_PARENT, dtype=np.int64)
+    counts = np.bincount(depth)  # depth >= 0: what closed by my start opened before me
+    levels = len(counts)
+    if levels > 1:
+        # The positions of each level, in order: a pass per level when there are few, else one
+        # radix sort of the levels (small ints).
+        if levels <= 8:
+            at_level = [np.flatnonzero(depth == d) for d in range(levels)]
+        else:
+            by_level = np.argsort(depth.astype(np.int16) if levels < (1 << 15) else depth,
+                                  kind="stable")
+            at_level = np.split(by_level, np.cumsum(counts)[:-1])
+        for d in range(1, levels):
+            up, here = at_level[d - 1], at_level[d]
+            k = np.searchsorted(up, here) - 1  # the last range one level up before me
+            parent[here] = np.where(k >= 0, up[np.maximum(k, 0)], NO_PARENT)
+    return depth.astype(np.int32), parent
 
 
 def _nest_zero(ks_p, ke_p, depth_p, parent_p, kz):

@@ -1,12 +1,17 @@
 """Benchmark of `mmscope analyze` on a large nsys-schema SQLite file (DESIGN §8, issue 5).
 
-Generates N NVTX rows (cached in /tmp), times a bare SQLite scan and the analyzer side by side.
+Generates N NVTX rows (cached in /tmp) and times, side by side in one run, each in a fresh process:
+the bare SQLite scan `SELECT count(*), sum(end-start) FROM NVTX_EVENTS`, a full scan of the
+analyzer's columns into Python, the whole `mmscope analyze FILE --json`, and a peer tool's NVTX
+summary of the same file (nsys-ai from PyPI, in its own virtual environment under /tmp, which this
+script creates when it is missing).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -20,7 +25,9 @@ from mmscope import stages
 REPO = Path(__file__).resolve().parent.parent
 DDL = REPO / "tests" / "data" / "nsys-nvtx-min-schema.sql"
 PUSH_POP, MARK = 59, 34
-# Columns the analyzer reads; the bare scan reads the same ones.
+# The issue's bare scan: SQLite alone, one row back.
+BARE_SQL = "SELECT count(*), sum(end-start) FROM NVTX_EVENTS"
+# The analyzer's columns of every row, into Python (the extra row: what a row-by-row reader pays).
 SCAN_SQL = ("SELECT start, end, eventType, globalTid, endGlobalTid, textId, text, domainId "
             "FROM NVTX_EVENTS")
 
@@ -114,7 +121,14 @@ HWM = ("def hwm():\n"
        "            return int(line.split()[1])\n")
 
 BARE_SCAN = HWM + f"""
-import resource, sqlite3, sys, time
+import sqlite3, sys, time
+t = time.perf_counter()
+n, total = sqlite3.connect(sys.argv[1]).execute({BARE_SQL!r}).fetchone()
+print(n, time.perf_counter() - t, hwm(), total)
+"""
+
+FULL_SCAN = HWM + f"""
+import sqlite3, sys, time
 t = time.perf_counter()
 cur = sqlite3.connect(sys.argv[1]).execute({SCAN_SQL!r})
 n = 0
@@ -126,7 +140,7 @@ while True:
 print(n, time.perf_counter() - t, hwm(), 0)
 """
 
-# The command as users run it, in-process, so that its workers' peak shows apart from its own.
+# The command as users run it, in-process, so that any scan workers' peak shows apart from its own.
 ANALYZE_CLI = HWM + """
 import contextlib, io, os, resource, sys, time
 t = time.perf_counter()
@@ -155,51 +169,187 @@ print(json.dumps(out))
 """
 
 
-def _python(code: str, *args: str) -> tuple[float, str]:
+def _python(code: str, *args: str, exe: str = sys.executable, env=None) -> tuple[float, str]:
     t = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          cwd=REPO)
+    done = subprocess.run([exe, "-c", code, *args], capture_output=True, text=True, cwd=REPO,
+                          env=env)
+    wall = time.perf_counter() - t
     if done.returncode != 0:
-        raise SystemExit(done.stderr)
-    return time.perf_counter() - t, done.stdout.strip().splitlines()[-1]
+        raise RuntimeError((done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1])
+    return wall, (done.stdout.strip().splitlines() or [""])[-1]
 
 
 def measure(path: Path, workers: int | None) -> dict:
     extra = [] if workers is None else ["--workers", str(workers)]
     wall, line = _python(BARE_SCAN, str(path))
-    n, inner, rss, _ = line.split()
-    bare = {"wall": wall, "inner": float(inner), "rss": int(rss) / 1024, "rows": int(n)}
+    n, inner, rss, total = line.split()
+    bare = {"wall": wall, "inner": float(inner), "rss": int(rss) / 1024, "rows": int(n),
+            "sum": int(total)}
+    wall, line = _python(FULL_SCAN, str(path))
+    _, inner, rss, _ = line.split()
+    full = {"wall": wall, "inner": float(inner), "rss": int(rss) / 1024}
     wall, line = _python(ANALYZE_CLI, str(path), *extra)
     _, inner, rss, child = line.split()
     cli = {"wall": wall, "inner": float(inner), "rss": int(rss) / 1024,
            "child_rss": int(child) / 1024}
     _, line = _python(PHASES.replace("WORKERS", repr(workers)), str(path))
-    return {"bare": bare, "cli": cli, "phases": json.loads(line)}
+    return {"bare": bare, "full": full, "cli": cli, "phases": json.loads(line)}
+
+
+# --- the peer: nsys-ai's NVTX summary of the same file --------------------------------------
+# nsys-ai queries through DuckDB, whose SQLite reader (the sqlite_scanner extension) it would
+# download at run time; PyPI ships that extension as a wheel built for one DuckDB version, so the
+# peer environment pins that DuckDB and installs the extension from the wheel (no network needed).
+PEER_VENV = Path(os.environ.get("MMSCOPE_PEER_VENV", "/tmp/peer-venv"))
+PEER_PACKAGES = ("nsys-ai==0.3.0", "duckdb==1.5.5", "duckdb-extension-sqlite-scanner==1.5.5")
+
+# Profile(...).aggregate_nvtx_ranges() is nsys-ai's NVTX summary (range count and total time per
+# name): what its `diff` and profile-health skill report for NVTX. Profile() opens the file the
+# way every nsys-ai command does: its Parquet cache (built beside the file on the first run), else
+# DuckDB straight over the SQLite file, else plain sqlite3.
+PEER = HWM + """
+import json, sys, time
+from pathlib import Path
+t = time.perf_counter()
+from nsys_ai.profile import Profile
+prof = Profile(sys.argv[1])
+rows = prof.aggregate_nvtx_ranges()
+wall = time.perf_counter() - t
+cache = Path(sys.argv[1]).with_suffix(".nsys-cache")
+if prof.db is None:
+    engine = f"plain sqlite3 (DuckDB failed: {str(prof.cache_error).splitlines()[0][:80]})"
+elif cache.is_dir() and prof.cache_error is None:
+    engine = "DuckDB over its Parquet cache"
+else:
+    engine = "DuckDB over the SQLite file (sqlite_scanner)"
+print(json.dumps({"names": len(rows), "count": sum(r["count"] for r in rows), "inner": wall,
+                  "rss": hwm(), "engine": engine}))
+"""
+
+EXTENSION_SETUP = """
+import glob, os, duckdb, duckdb_extension_sqlite_scanner as ext
+path = glob.glob(os.path.join(os.path.dirname(ext.__file__), "extensions", "*",
+                              "sqlite_scanner.duckdb_extension"))[0]
+con = duckdb.connect()
+con.execute(f"INSTALL '{path}'")
+con.execute("LOAD sqlite_scanner")
+print(duckdb.__version__, path)
+"""
+
+
+def _peer_env() -> dict:
+    # DuckDB keeps extensions under ~/.duckdb: a HOME inside the peer's venv keeps them there.
+    return {**os.environ, "HOME": str(PEER_VENV / "home"), "PYTHONNOUSERSITE": "1"}
+
+
+def _run_step(cmd: list[str]) -> bool:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        print(f"peer: NOT RUN: `{' '.join(cmd[:5])} ...` failed: {why}")
+    return done.returncode == 0
+
+
+def ensure_peer() -> str | None:
+    """The peer's python, creating its venv when missing; None (and a printed reason) on failure."""
+    python = PEER_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"peer: creating {PEER_VENV} (python3 -m venv)", file=sys.stderr)
+        if not _run_step(["python3", "-m", "venv", str(PEER_VENV)]):
+            return None
+    if subprocess.run([str(python), "-c", "import nsys_ai, duckdb_extension_sqlite_scanner"],
+                      capture_output=True).returncode != 0:
+        print(f"peer: installing {' '.join(PEER_PACKAGES)} into {PEER_VENV} from PyPI",
+              file=sys.stderr)
+        if not _run_step([str(python), "-m", "pip", "install", "--quiet", *PEER_PACKAGES]):
+            return None
+    home = PEER_VENV / "home"
+    if not any(home.glob(".duckdb/extensions/*/*/sqlite_scanner.duckdb_extension")):
+        home.mkdir(exist_ok=True)
+        print(f"peer: installing DuckDB's sqlite_scanner extension from its PyPI wheel into "
+              f"{home}/.duckdb", file=sys.stderr)
+        try:
+            _python(EXTENSION_SETUP, exe=str(python), env=_peer_env())
+        except RuntimeError as e:
+            print(f"peer: sqlite_scanner extension not installed ({e}); nsys-ai will try to "
+                  "download it and fall back to sqlite3 where it cannot", file=sys.stderr)
+    try:
+        _python("import nsys_ai.profile", exe=str(python), env=_peer_env())
+    except RuntimeError as e:
+        print(f"peer: NOT RUN: nsys-ai does not import in {PEER_VENV}: {e}")
+        return None
+    return str(python)
+
+
+def _drop_peer_cache(path: Path) -> None:
+    """nsys-ai's Parquet cache sits beside the profile: <name>.nsys-cache (and a build lock)."""
+    for p in path.parent.glob(path.stem + ".nsys-cache*"):
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def measure_peer(path: Path, python: str) -> list[dict]:
+    """Three runs: the first (nsys-ai builds its cache), the second (cache warm), and one with
+    NSYS_AI_CACHE_MODE=direct (DuckDB over the SQLite file, no cache), each in a fresh process."""
+    version = subprocess.run([python, "-c", "import nsys_ai; print(nsys_ai.__version__)"],
+                             capture_output=True, text=True).stdout.strip() or "?"
+    runs = [("first run (builds its Parquet cache)", {}, True),
+            ("second run (cache warm)", {}, False),
+            ("cache mode direct (no cache)", {"NSYS_AI_CACHE_MODE": "direct"}, True)]
+    out = []
+    for label, env, fresh in runs:
+        if fresh:
+            _drop_peer_cache(path)
+        try:
+            wall, line = _python(PEER, str(path), exe=python, env={**_peer_env(), **env})
+        except RuntimeError as e:
+            print(f"peer: nsys-ai {version} FAILED on {path.name} ({label}): {e}")
+            continue
+        got = json.loads(line)
+        out.append({**got, "label": f"nsys-ai {version}, {label}", "wall": wall,
+                    "rss": got["rss"] / 1024})
+    _drop_peer_cache(path)
+    return out
 
 
 def report(path: Path, m: dict, workers) -> None:
-    bare, cli, ph = m["bare"], m["cli"], m["phases"]
+    bare, full, cli, ph = m["bare"], m["full"], m["cli"], m["phases"]
     ratio = cli["wall"] / bare["wall"]
     total_rss = cli["rss"] + cli["child_rss"]
     print(f"file: {path} ({path.stat().st_size / 2**20:.0f} MiB, {bare['rows']:,} NVTX rows, "
-          f"{ph['rows']:,} ranges); cores: {len(os.sched_getaffinity(0))}, load average before: "
-          f"{m['load']:.2f}; workers: {'default' if workers is None else workers}")
-    print(f"{'case':<48}{'wall s':>9}{'peak RSS MiB':>14}{'ratio':>8}")
-    print(f"{'bare scan (' + SCAN_SQL[:30] + '... fetchmany)':<48}{bare['wall']:>9.2f}"
-          f"{bare['rss']:>14.0f}{1.0:>8.2f}")
-    print(f"{'mmscope analyze --json (whole command)':<48}{cli['wall']:>9.2f}"
-          f"{cli['rss']:>14.0f}{ratio:>8.2f}")
-    workers_rss = f"{cli['child_rss']:.0f}" if cli["child_rss"] else "none ran"
-    print(f"{'  its scan workers (largest one)':<48}{'':>9}{workers_rss:>14}")
-    for k in ("load + nesting", "stage table", "step join", "checks + cache benefit"):
-        print(f"{'  phase: ' + k:<48}{ph[k]:>9.2f}")
-    print(f"{'  phases, one process (peak RSS)':<48}{'':>9}{ph['rss'] / 1024:>14.0f}")
-    verdict = (cli["wall"] <= 15, total_rss <= 2048, ratio <= 3)
-    print(f"targets: <= 15 s: {cli['wall']:.2f} s {'ok' if verdict[0] else 'MISSED'}; "
-          f"<= 2 GiB: {total_rss:.0f} MiB (command + largest worker) "
-          f"{'ok' if verdict[1] else 'MISSED'}; <= 3x bare scan: {ratio:.2f}x "
-          f"{'ok' if verdict[2] else 'MISSED'}")
+          f"{ph['rows']:,} ranges); cores: {len(os.sched_getaffinity(0))}; workers: "
+          f"{'default' if workers is None else workers}")
+    print(f"load average (1/5/15 min): before {m['load_before']}, after {m['load_after']}")
+    print(f"{'case':<62}{'wall s':>8}{'peak RSS MiB':>14}{'x bare':>8}")
 
+    def line(label, wall, rss="", ratio_=None):
+        rss = f"{rss:.0f}" if isinstance(rss, float) else rss
+        r = f"{ratio_:.2f}" if ratio_ is not None else ""
+        print(f"{label:<62}{wall:>8.2f}{rss:>14}{r:>8}")
+
+    line(f"bare scan: {BARE_SQL}", bare["wall"], bare["rss"], 1.0)
+    line("full scan: 8 columns of every row into Python (fetchmany)", full["wall"], full["rss"],
+         full["wall"] / bare["wall"])
+    line("mmscope analyze --json (whole command)", cli["wall"], cli["rss"], ratio)
+    workers_rss = f"{cli['child_rss']:.0f}" if cli["child_rss"] else "none ran"
+    print(f"{'  its scan workers (largest one)':<62}{'':>8}{workers_rss:>14}")
+    for k in ("load + nesting", "stage table", "step join", "checks + cache benefit"):
+        line("  phase: " + k, ph[k])
+    print(f"{'  phases, one process (peak RSS)':<62}{'':>8}{ph['rss'] / 1024:>14.0f}")
+    for p in m["peer"]:
+        line("peer " + p["label"], p["wall"], p["rss"], p["wall"] / bare["wall"])
+    for p in m["peer"]:
+        print(f"  peer engine ({p['label'].split(', ', 1)[1]}): {p['engine']}; "
+              f"{p['names']} names, {p['count']:,} ranges with end > start")
+    verdict = [f"<= 15 s: {cli['wall']:.2f} s {'ok' if cli['wall'] <= 15 else 'MISSED'}",
+               f"<= 2 GiB: {total_rss:.0f} MiB {'ok' if total_rss <= 2048 else 'MISSED'}",
+               f"<= 3x bare scan: {ratio:.2f}x {'ok' if ratio <= 3 else 'MISSED'}"]
+    for p in m["peer"]:
+        faster = cli["wall"] < p["wall"]
+        verdict.append(f"faster than peer ({p['label'].split(', ', 1)[1]}): "
+                       f"{p['wall'] / cli['wall']:.2f}x {'ok' if faster else 'MISSED'}")
+    if not m["peer"]:
+        verdict.append("faster than the peer: not measured (peer did not run)")
+    print("targets: " + "; ".join(verdict))
 
 def libs(path: Path) -> None:
     """Polars against pyarrow on the stage-table work (group aggregates, one sort, as-of join)."""
@@ -251,16 +401,23 @@ def libs(path: Path) -> None:
         print(f"{name:<40}{a:>10.2f}{b:>12}")
 
 
+def _load_average() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--workers", type=int, help="scan workers (default: mmscope's choice)")
+    ap.add_argument("--workers", type=int, help="SQLite scan workers (default: mmscope's choice)")
     ap.add_argument("--libs", action="store_true", help="also compare polars and pyarrow")
+    ap.add_argument("--no-peer", action="store_true", help="skip the peer tool")
     args = ap.parse_args()
     path = cached_file(args.rows)
-    load_before = os.getloadavg()[0]
+    python = None if args.no_peer else ensure_peer()
+    load_before = _load_average()
     m = measure(path, args.workers)
-    m["load"] = load_before
+    m["peer"] = measure_peer(path, python) if python else []
+    m["load_before"], m["load_after"] = load_before, _load_average()
     report(path, m, args.workers)
     if args.libs:
         libs(path)
