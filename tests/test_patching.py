@@ -89,7 +89,7 @@ def test_exception_in_hook_turns_it_off_once(caplog):
 def test_targets_own_exception_passes_through():
     calls = []
     h = Hook("test.around", f"{__name__}:Target.work", ("self", "x"),
-             observe_around(lambda *a: calls.append("before"),
+             observe_around(lambda *a: calls.append("before") or "token",
                             lambda tok, res, *a: calls.append(("after", res))), "test", "test")
     h.apply()
     try:

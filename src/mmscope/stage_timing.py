@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from mmscope.tracing import span
+from mmscope import tracing
 
 # A bound on memory between drains; beyond it durations are dropped (and counted).
 MAX_PER_STAGE = 20_000
@@ -46,16 +46,19 @@ class timed_stage:
 
     def __init__(self, name: str, collector: StageCollector):
         self.name, self.collector = name, collector
-        self._span = span(name)
+        # No span object at all while tracing is off: this runs several times per step.
+        self._span = tracing.span(name) if tracing.enabled() else None
 
     def __enter__(self):
-        self._span.__enter__()
+        if self._span is not None:
+            self._span.__enter__()
         self._t0 = time.perf_counter_ns()
         return self
 
     def __exit__(self, exc_type, exc, tb):
         elapsed = time.perf_counter_ns() - self._t0
-        self._span.__exit__(exc_type, exc, tb)
+        if self._span is not None:
+            self._span.__exit__(exc_type, exc, tb)
         if ENABLED:
             self.collector.record(self.name, elapsed)
         return False

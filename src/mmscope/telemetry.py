@@ -5,6 +5,7 @@ Prefill means the request has not yet computed its whole prompt (num_computed < 
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from mmscope import stages, tracing
 
@@ -12,16 +13,22 @@ INFO_EVERY = 50
 
 
 class StepTelemetry:
-    def __init__(self, logger: logging.Logger):
+    def __init__(self, logger: logging.Logger, emit_log: bool = True):
         self.logger = logger
+        self.emit_log = emit_log  # the log line comes from the first tensor-parallel rank only
         self.step = 0
 
-    def observe(self, shape: stages.StepShape) -> None:
-        """Called once per executed step, on the thread that runs the forward, before it."""
+    def observe(self, shape_of: Callable[[], stages.StepShape]) -> None:
+        """Called once per executed step, on the thread that runs the forward, before it.
+        The shape is computed only when a range or a log line will carry it."""
         self.step += 1
-        tracing.mark(stages.step_meta_range(shape))
         level = logging.INFO if self.step % INFO_EVERY == 0 else logging.DEBUG
-        if self.logger.isEnabledFor(level):
+        log = self.emit_log and self.logger.isEnabledFor(level)
+        if not (log or tracing.enabled()):
+            return
+        shape = shape_of()
+        tracing.mark(stages.step_meta_range(shape))
+        if log:
             self.logger.log(level, "step_tokens step=%d prefill=%d decode=%d total=%d num_reqs=%d",
                             self.step, shape.prefill, shape.decode, shape.total, shape.reqs)
 

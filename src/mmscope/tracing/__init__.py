@@ -73,6 +73,11 @@ def active() -> tuple[str, ...]:
     return tuple(b.name for b in _backends)
 
 
+def enabled() -> bool:
+    """Whether any backend records: cheap enough for a per-step check."""
+    return bool(_backends)
+
+
 def flush() -> None:
     for b in _backends:
         b.flush()

@@ -73,25 +73,35 @@ def _probing(request) -> _Probe | None:
 
 
 # --- Scheduler._try_schedule_encoder_inputs: one look at one request's items ------------------
-def begin_probe(scheduler, request, *args, **kwargs) -> _Probe:
-    ledger_of(scheduler.encoder_cache_manager).restart_request(request.request_id)
+def begin_probe(scheduler, request, num_computed_tokens, *args, **kwargs) -> _Probe | None:
+    # Called for every running request in every step: decode steps of an image request have
+    # all their items behind them, and must cost next to nothing.
+    features = request.mm_features
+    if not features:
+        return None
+    last = features[-1].mm_position
+    if num_computed_tokens >= last.offset + last.length:
+        return None
     _current.probe = probe = _Probe(request)
     return probe
 
 
-def end_probe(probe: _Probe, result, scheduler, request, *args, **kwargs) -> None:
+def end_probe(probe: _Probe | None, result, scheduler, request, *args, **kwargs) -> None:
+    if probe is None:
+        return
     _current.probe = None
+    ledger = ledger_of(scheduler.encoder_cache_manager)
+    ledger.restart_request(request.request_id)  # the last look in a step is the one that counts
     if result is None:
         return  # vLLM raised; nothing was decided
     to_compute, _num_new_tokens, _budget, external_load, duplicates = result
     if not (to_compute or external_load or duplicates or probe.local_hits or probe.deferred):
-        return  # the common decode step: no encoder input in the window
+        return
     decisions = {i: Decision.LOCAL_HIT for i in probe.local_hits}
     decisions.update({i: Decision.DEFERRED for i in probe.deferred})
     decisions.update({i: Decision.COMPUTE for i in to_compute})
     decisions.update({i: Decision.CONNECTOR for i in external_load})
     decisions.update({i: Decision.DUPLICATE for i in duplicates})
-    ledger = ledger_of(scheduler.encoder_cache_manager)
     for index in sorted(decisions):
         ledger.propose(item_of(request, index), decisions[index])
 

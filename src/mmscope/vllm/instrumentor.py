@@ -44,7 +44,11 @@ class VllmInstrumentor:
                            self.vllm_version(), self.supported)
         register_env_vars()
         schema.inject_scheduler_stats_fields()
+        skipped = skipped_hooks()
         for hook in self.hooks:
+            if hook.name.startswith(skipped) or hook.feature in skipped:
+                hook.status = "off (MMSCOPE_SKIP_HOOKS)"
+                continue
             hook.apply()
         stat_loggers.install_log_filter()
         ranges.route_vllm_ranges()
@@ -60,8 +64,12 @@ class VllmInstrumentor:
     def status(self) -> dict[str, str]:
         return {h.name: h.describe() for h in self.hooks}
 
-    def all_applied(self) -> bool:
-        return all(h.status == APPLIED for h in self.hooks if h.required)
+
+def skipped_hooks() -> tuple[str, ...]:
+    """MMSCOPE_SKIP_HOOKS=name-prefix,feature,...: leave those hooks out (an escape hatch for
+    production, and how the overhead benchmark attributes cost to each feature)."""
+    raw = os.environ.get("MMSCOPE_SKIP_HOOKS", "")
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
 def register_env_vars() -> None:

@@ -159,26 +159,28 @@ def observe_before(observe: Callable) -> Callable[[Callable, HookState], Callabl
 
 
 def observe_around(before: Callable, after: Callable) -> Callable[[Callable, HookState], Callable]:
-    """`token = before(*args)`; original; `after(token, result, *args)` — both guarded. `after`
-    runs even when the original raises (with result None) so per-call state is always reset."""
+    """`token = before(*args)`; original; `after(token, result, *args)` — both guarded. A None
+    token opts this call out (nothing to observe: the original runs bare). Otherwise `after` runs
+    even when the original raises (with result None), so per-call state is always reset."""
 
     def factory(original: Callable, state: HookState) -> Callable:
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
-            token = None
-            active = state.enabled
-            if active:
-                try:
-                    token = before(*args, **kwargs)
-                except Exception as e:  # noqa: BLE001
-                    state.failed(e)
-                    active = False
+            if not state.enabled:
+                return original(*args, **kwargs)
+            try:
+                token = before(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001
+                state.failed(e)
+                token = None
+            if token is None:
+                return original(*args, **kwargs)
             result = None
             try:
                 result = original(*args, **kwargs)
                 return result
             finally:
-                if active and state.enabled:
+                if state.enabled:
                     try:
                         after(token, result, *args, **kwargs)
                     except Exception as e:  # noqa: BLE001

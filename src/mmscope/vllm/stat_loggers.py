@@ -53,8 +53,15 @@ GAUGES = {
 
 
 def stats_of(scheduler_stats) -> EncoderCacheStats | None:
-    wire = getattr(scheduler_stats, FIELD, None) if scheduler_stats is not None else None
-    return EncoderCacheStats.from_wire(wire) if wire else None
+    """The counts carried by one SchedulerStats, parsed once for all our loggers."""
+    if scheduler_stats is None:
+        return None
+    parsed = scheduler_stats.__dict__.get("_mmscope_parsed")
+    if parsed is None:
+        wire = getattr(scheduler_stats, FIELD, None)
+        parsed = EncoderCacheStats.from_wire(wire) if wire else False
+        scheduler_stats._mmscope_parsed = parsed
+    return parsed or None
 
 
 class EncoderCacheProm:
@@ -146,6 +153,7 @@ _logging_now = threading.local()
 
 def log_begin(log_logger, *args, **kwargs):
     _logging_now.logger = log_logger
+    return log_logger  # the token: log_end must always run
 
 
 def log_end(token, result, log_logger, *args, **kwargs):
