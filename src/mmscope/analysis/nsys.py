@@ -178,8 +178,12 @@ def _resolve_names(text_id: np.ndarray, text_codes, texts: list[str], strings: d
     outside = (at < 0) | (at >= span)
     at[outside] = 0
     pos = table[at]
+    del at
     pos[outside] = -1
-    return names, np.where(pos >= 0, pos, fallback)
+    del outside
+    missing = pos < 0
+    pos[missing] = fallback[missing]
+    return names, pos
 
 
 def _isin_small(values: np.ndarray, wanted: list[int]) -> np.ndarray:

@@ -212,20 +212,14 @@ def _decode(buf: np.ndarray, n_pages: int, page_size: int, usable: int, lay: Lay
     payload, n1 = _varint(b, be, cell)
     if payload.size and payload.max() > usable - 35:  # spills into overflow pages
         raise Unsupported("overflow pages")
-    rec = cell + n1 + _varint_len(be, cell + n1)  # past the rowid
+    rec = cell + n1 + _rowid_len(be, cell + n1)  # past the rowid
     end_rec = rec + payload
     if end_rec.size and ((cell < page_of + 8) | (end_rec > page_of + usable)).any():
         raise Unsupported("cell outside its page")
+    del cell, page_of, payload, n1
     hsize, n3 = _varint(b, be, rec)
     want = {lay.fields[k]: k for k in WANTED if lay.fields[k] is not None}
-    st, off = _fields(b, be, rec, hsize, n3, max(want) + 1, end_rec)
-    values = {name: (st[field], off[field]) for field, name in want.items()}
-    out = {"rows": total}
-    null = {}
-    for name, (st, off) in values.items():
-        if name == "text":
-            continue
-        out[name], null[name] = _integers(b, be, st, off, name)
+    out, null, text = _columns(b, be, rec, hsize, n3, end_rec, want)
     # The SQL readers' coalesce()s, one by one.
     n = total
     start = out["start"]
@@ -248,9 +242,95 @@ def _decode(buf: np.ndarray, n_pages: int, page_size: int, usable: int, lay: Lay
     part = {"start": start, "end": end, "thread": thread, "text_id": text_id,
             "event_type": out["eventType"].astype(np.int16), "domain": domain,
             "cross_pos": cross, "cross_thread": egt[cross] if len(cross) else cross, "rows": n}
-    part["text_code"] = (_text_codes(b, *values["text"], texts) if "text" in values
+    part["text_code"] = (_text_codes(b, *text, texts) if text is not None
                          else np.zeros(n, np.int32))
     return part
+
+
+def _rowid_len(be: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Bytes of the rowid varints at pos. Rowids ascend along the leaves and a varint's length
+    grows with its value, so where the batch's first and last take the same bytes all do."""
+    if len(pos) > 2:
+        ends = _varint_len(be, pos[[0, -1]])
+        if ends[0] == ends[1] < 9:  # both non-negative: every rowid between has that length
+            return np.full(len(pos), ends[0], np.int64)
+    return _varint_len(be, pos)
+
+
+MAX_PATTERNS = 8  # header patterns decoded as such per batch; rows past them take the long road
+
+
+def _columns(b, be, rec, hsize, n3, end_rec, want: dict[int, str]):
+    """Per wanted integer column its values and NULLs; for the text column serial types and
+    offsets.
+
+    Rows of a batch share a handful of headers (the serial types of the fields, e.g. a start
+    time in 4 or 6 bytes, a NULL end), so rows are taken a header pattern at a time: within one
+    every field's type and offset is a constant and each column is a single gather. Rows whose
+    header is not one byte per field, and rows of rarer patterns, go field by field."""
+    m, nf = len(rec), max(want) + 1
+    val = {name: np.empty(m, np.int64) for name in want.values() if name != "text"}
+    null = {name: np.empty(m, bool) for name in val}
+    text = (np.empty(m, np.int64), np.empty(m, np.int64)) if "text" in want.values() else None
+    left = np.arange(m)
+    if nf <= 16 and m:
+        h0 = be[rec + 1].astype(np.int64).view(np.uint64)
+        h1 = be[rec + 9].astype(np.int64).view(np.uint64) if nf > 8 else np.zeros(m, np.uint64)
+        k0, k1 = min(nf, 8), max(nf - 8, 0)
+        high0 = np.uint64(int.from_bytes(b"\x80" * k0 + b"\x00" * (8 - k0), "big"))
+        high1 = np.uint64(int.from_bytes(b"\x80" * k1 + b"\x00" * (8 - k1), "big"))
+        fast = (n3 == 1) & (hsize > nf) & (((h0 & high0) | (h1 & high1)) == 0)
+        # Only the first nf serial types matter: the bytes past them must not split patterns.
+        h0 &= np.uint64(int.from_bytes(b"\xff" * k0 + b"\x00" * (8 - k0), "big"))
+        h1 &= np.uint64(int.from_bytes(b"\xff" * k1 + b"\x00" * (8 - k1), "big"))
+        todo, left = np.flatnonzero(fast), np.flatnonzero(~fast)
+        for _ in range(MAX_PATTERNS):
+            if len(todo) == 0:
+                break
+            r = todo[0]
+            same = (h0[todo] == h0[r]) & (h1[todo] == h1[r]) & (hsize[todo] == hsize[r])
+            if same.all():
+                rows, todo = todo, todo[:0]
+            else:
+                rows, todo = todo[same], todo[~same]
+            types = [(int(h0[r]) >> (56 - 8 * j)) & 0xFF for j in range(k0)]
+            types += [(int(h1[r]) >> (56 - 8 * j)) & 0xFF for j in range(k1)]
+            _pattern(b, be, rec, end_rec, rows, types, int(hsize[r]), want, val, null, text)
+        left = np.concatenate([left, todo])
+    if len(left):
+        st, off = _fields(b, be, rec[left], hsize[left], n3[left], nf, end_rec[left])
+        for field, name in want.items():
+            if name == "text":
+                text[0][left], text[1][left] = st[field], off[field]
+            else:
+                val[name][left], null[name][left] = _integers(b, be, st[field], off[field], name)
+    return val, null, text
+
+
+def _pattern(b, be, rec, end_rec, rows, types: list[int], hsize: int, want, val, null, text):
+    """Decode rows that share one header: serial types `types`, header size `hsize`."""
+    offsets, at = [], hsize
+    for t in types:
+        offsets.append(at)
+        at += int(SIZE_OF[t])
+    r = rec[rows]
+    if (r + at > end_rec[rows]).any():
+        raise Unsupported("record fields past the payload")
+    for field, name in want.items():
+        t, where = types[field], r + offsets[field]
+        if name == "text":
+            text[0][rows], text[1][rows] = t, where
+            continue
+        if t == 7 or t >= 10:
+            raise Unsupported(f"{name}: a float, text or blob where an integer belongs")
+        null[name][rows] = t == 0
+        size = int(FIXED_SIZE[t])
+        if size == 0:
+            val[name][rows] = 1 if t == 9 else 0
+        elif size == 1:
+            val[name][rows] = b[where].view(np.int8)
+        else:
+            val[name][rows] = be[where].astype(np.int64) >> (64 - 8 * size)
 
 
 def _fields(b, be, rec, hsize, n3, nf: int, end_rec):

@@ -80,13 +80,13 @@ def _percentiles(sid: np.ndarray, dur: np.ndarray, count: np.ndarray) -> dict[in
 
 def _sorted_by_stage(sid: np.ndarray, dur: np.ndarray) -> np.ndarray:
     """Durations ordered by (stage, duration)."""
-    import polars as pl
-
     bits = max(int(dur.max()), 1).bit_length()
     if int(dur.min()) >= 0 and int(sid.max()).bit_length() + bits <= 62:
-        key = (sid.astype(np.int64) << bits) | dur
-        # polars sorts on every core; the low bits are the duration again.
-        return pl.Series(key).sort().to_numpy() & ((1 << bits) - 1)
+        key = sid.astype(np.int64) << bits
+        key |= dur
+        key.sort()  # values, not rows: any sort gives the same array; the low bits are durations
+        key &= (1 << bits) - 1
+        return key
     return dur[np.lexsort((dur, sid))]
 
 

@@ -161,10 +161,10 @@ def nest(thread: np.ndarray, sub: np.ndarray, start: np.ndarray, end: np.ndarray
         return depth, parent
     g = _group_index(thread, sub)
     ks_row, ke_row = _packed_keys(g, start, end)
-    order = _sort_order(ks_row, ke_row, g)
-    del g
-    ks, ke = ks_row[order], ke_row[order]
-    del ks_row, ke_row
+    order, ks = _sort_order(ks_row, ke_row, g)
+    del g, ks_row
+    ke = ke_row[order]
+    del ke_row
     # Everything in sorted positions first; rows only at the end (two scatters, one gather).
     positive = ke > ks
     if positive.all():
@@ -206,7 +206,11 @@ def _packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
     t0 = int(s.min())
     bits = max(int(e.max()) - t0, 1).bit_length()
     if int(g.max()).bit_length() + bits <= 62:
-        return (g << bits) | (s - t0), (g << bits) | (e - t0)
+        high = g << bits
+        ks, ke = s - t0, e - t0
+        ks |= high
+        ke |= high
+        return ks, ke
     # Very long profiles or very many threads: times become their ranks, which keep the order.
     times, inverse = np.unique(np.concatenate([s, e]), return_inverse=True)
     bits = max(int(len(times)).bit_length(), 1)
@@ -230,8 +234,9 @@ def packed_order(g: np.ndarray, ks: np.ndarray) -> np.ndarray:
     return order
 
 
-def _sort_order(ks: np.ndarray, ke: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """Rows by (group and start, end descending, row): one stable sort, then fix equal starts."""
+def _sort_order(ks: np.ndarray, ke: np.ndarray, g: np.ndarray):
+    """Rows by (group and start, end descending, row): one stable sort, then fix equal starts.
+    Also the keys in that order (fixing ties moves rows only among equal keys)."""
     order = packed_order(g, ks)
     sk = ks[order]
     tied = np.flatnonzero(sk[1:] == sk[:-1])
@@ -239,7 +244,7 @@ def _sort_order(ks: np.ndarray, ke: np.ndarray, g: np.ndarray) -> np.ndarray:
         at = np.unique(np.concatenate([tied, tied + 1]))
         sub = order[at]
         order[at] = sub[np.lexsort((sub, -ke[sub], ks[sub]))]
-    return order
+    return order, sk
 
 
 def _nest_positive(ks: np.ndarray, ke: np.ndarray):
