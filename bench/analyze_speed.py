@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sqlite3
 import subprocess
@@ -169,11 +170,17 @@ print(json.dumps(out))
 """
 
 
+CPU = {}  # the CPU seconds (user + system) of the last child run by _python, all its threads
+
+
 def _python(code: str, *args: str, exe: str = sys.executable, env=None) -> tuple[float, str]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     done = subprocess.run([exe, "-c", code, *args], capture_output=True, text=True, cwd=REPO,
                           env=env)
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU["last"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if done.returncode != 0:
         raise RuntimeError((done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1])
     return wall, (done.stdout.strip().splitlines() or [""])[-1]
@@ -183,14 +190,14 @@ def measure(path: Path, workers: int | None) -> dict:
     extra = [] if workers is None else ["--workers", str(workers)]
     wall, line = _python(BARE_SCAN, str(path))
     n, inner, rss, total = line.split()
-    bare = {"wall": wall, "inner": float(inner), "rss": int(rss) / 1024, "rows": int(n),
-            "sum": int(total)}
+    bare = {"wall": wall, "cpu": CPU["last"], "inner": float(inner), "rss": int(rss) / 1024,
+            "rows": int(n), "sum": int(total)}
     wall, line = _python(FULL_SCAN, str(path))
     _, inner, rss, _ = line.split()
-    full = {"wall": wall, "inner": float(inner), "rss": int(rss) / 1024}
+    full = {"wall": wall, "cpu": CPU["last"], "inner": float(inner), "rss": int(rss) / 1024}
     wall, line = _python(ANALYZE_CLI, str(path), *extra)
     _, inner, rss, child = line.split()
-    cli = {"wall": wall, "inner": float(inner), "rss": int(rss) / 1024,
+    cli = {"wall": wall, "cpu": CPU["last"], "inner": float(inner), "rss": int(rss) / 1024,
            "child_rss": int(child) / 1024}
     _, line = _python(PHASES.replace("WORKERS", repr(workers)), str(path))
     return {"bare": bare, "full": full, "cli": cli, "phases": json.loads(line)}
@@ -284,7 +291,10 @@ def ensure_peer() -> str | None:
 def _drop_peer_cache(path: Path) -> None:
     """nsys-ai's Parquet cache sits beside the profile: <name>.nsys-cache (and a build lock)."""
     for p in path.parent.glob(path.stem + ".nsys-cache*"):
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 def measure_peer(path: Path, python: str) -> list[dict]:
@@ -292,21 +302,21 @@ def measure_peer(path: Path, python: str) -> list[dict]:
     NSYS_AI_CACHE_MODE=direct (DuckDB over the SQLite file, no cache), each in a fresh process."""
     version = subprocess.run([python, "-c", "import nsys_ai; print(nsys_ai.__version__)"],
                              capture_output=True, text=True).stdout.strip() or "?"
-    runs = [("first run (builds its Parquet cache)", {}, True),
-            ("second run (cache warm)", {}, False),
-            ("cache mode direct (no cache)", {"NSYS_AI_CACHE_MODE": "direct"}, True)]
+    runs = [("first run", "builds its Parquet cache", {}, True),
+            ("second run", "its cache warm", {}, False),
+            ("direct mode", "NSYS_AI_CACHE_MODE=direct", {"NSYS_AI_CACHE_MODE": "direct"}, True)]
     out = []
-    for label, env, fresh in runs:
+    for key, note, env, fresh in runs:
         if fresh:
             _drop_peer_cache(path)
         try:
             wall, line = _python(PEER, str(path), exe=python, env={**_peer_env(), **env})
         except RuntimeError as e:
-            print(f"peer: nsys-ai {version} FAILED on {path.name} ({label}): {e}")
+            print(f"peer: nsys-ai {version} FAILED on {path.name} ({key}, {note}): {e}")
             continue
         got = json.loads(line)
-        out.append({**got, "label": f"nsys-ai {version}, {label}", "wall": wall,
-                    "rss": got["rss"] / 1024})
+        out.append({**got, "key": key, "label": f"nsys-ai {version}, {key} ({note})",
+                    "wall": wall, "cpu": CPU["last"], "rss": got["rss"] / 1024})
     _drop_peer_cache(path)
     return out
 
@@ -319,36 +329,37 @@ def report(path: Path, m: dict, workers) -> None:
           f"{ph['rows']:,} ranges); cores: {len(os.sched_getaffinity(0))}; workers: "
           f"{'default' if workers is None else workers}")
     print(f"load average (1/5/15 min): before {m['load_before']}, after {m['load_after']}")
-    print(f"{'case':<62}{'wall s':>8}{'peak RSS MiB':>14}{'x bare':>8}")
+    print(f"{'case':<62}{'wall s':>8}{'CPU s':>7}{'peak RSS MiB':>14}{'x bare':>8}")
 
-    def line(label, wall, rss="", ratio_=None):
+    def line(label, wall, cpu=None, rss="", ratio_=None):
+        cpu = f"{cpu:.2f}" if cpu is not None else ""
         rss = f"{rss:.0f}" if isinstance(rss, float) else rss
         r = f"{ratio_:.2f}" if ratio_ is not None else ""
-        print(f"{label:<62}{wall:>8.2f}{rss:>14}{r:>8}")
+        print(f"{label:<62}{wall:>8.2f}{cpu:>7}{rss:>14}{r:>8}".rstrip())
 
-    line(f"bare scan: {BARE_SQL}", bare["wall"], bare["rss"], 1.0)
-    line("full scan: 8 columns of every row into Python (fetchmany)", full["wall"], full["rss"],
-         full["wall"] / bare["wall"])
-    line("mmscope analyze --json (whole command)", cli["wall"], cli["rss"], ratio)
+    line(f"bare scan: {BARE_SQL}", bare["wall"], bare["cpu"], bare["rss"], 1.0)
+    line("full scan: 8 columns of every row into Python (fetchmany)", full["wall"], full["cpu"],
+         full["rss"], full["wall"] / bare["wall"])
+    line("mmscope analyze --json (whole command)", cli["wall"], cli["cpu"], cli["rss"], ratio)
     workers_rss = f"{cli['child_rss']:.0f}" if cli["child_rss"] else "none ran"
-    print(f"{'  its scan workers (largest one)':<62}{'':>8}{workers_rss:>14}")
+    print(f"{'  its scan workers (largest one)':<62}{'':>15}{workers_rss:>14}")
     for k in ("load + nesting", "stage table", "step join", "checks + cache benefit"):
         line("  phase: " + k, ph[k])
-    print(f"{'  phases, one process (peak RSS)':<62}{'':>8}{ph['rss'] / 1024:>14.0f}")
+    print(f"{'  phases, one process (peak RSS)':<62}{'':>15}{ph['rss'] / 1024:>14.0f}")
     for p in m["peer"]:
-        line("peer " + p["label"], p["wall"], p["rss"], p["wall"] / bare["wall"])
+        line("peer " + p["label"], p["wall"], p["cpu"], p["rss"], p["wall"] / bare["wall"])
     for p in m["peer"]:
-        print(f"  peer engine ({p['label'].split(', ', 1)[1]}): {p['engine']}; "
-              f"{p['names']} names, {p['count']:,} ranges with end > start")
+        print(f"  peer {p['key']}: {p['engine']}; {p['names']} names, {p['count']:,} ranges "
+              "with end > start")
     verdict = [f"<= 15 s: {cli['wall']:.2f} s {'ok' if cli['wall'] <= 15 else 'MISSED'}",
                f"<= 2 GiB: {total_rss:.0f} MiB {'ok' if total_rss <= 2048 else 'MISSED'}",
                f"<= 3x bare scan: {ratio:.2f}x {'ok' if ratio <= 3 else 'MISSED'}"]
     for p in m["peer"]:
         faster = cli["wall"] < p["wall"]
-        verdict.append(f"faster than peer ({p['label'].split(', ', 1)[1]}): "
-                       f"{p['wall'] / cli['wall']:.2f}x {'ok' if faster else 'MISSED'}")
+        verdict.append(f"faster than peer {p['key']}: {p['wall'] / cli['wall']:.2f}x "
+                       f"{'ok' if faster else 'MISSED'}")
     if not m["peer"]:
-        verdict.append("faster than the peer: not measured (peer did not run)")
+        verdict.append(f"faster than the peer: not measured ({m['peer_note']})")
     print("targets: " + "; ".join(verdict))
 
 def libs(path: Path) -> None:
@@ -417,6 +428,7 @@ def main() -> int:
     load_before = _load_average()
     m = measure(path, args.workers)
     m["peer"] = measure_peer(path, python) if python else []
+    m["peer_note"] = "--no-peer" if args.no_peer else "the peer did not run, see above"
     m["load_before"], m["load_after"] = load_before, _load_average()
     report(path, m, args.workers)
     if args.libs:
