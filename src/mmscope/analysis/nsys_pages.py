@@ -82,10 +82,8 @@ def _read(f, path: str, lay: Layout) -> dict:
     for i in range(0, len(leaves), per_batch):
         pages = leaves[i:i + per_batch]
         _read_pages(f, pages, page_size, buf)
-        part = _decode(buf, len(pages), page_size, usable, lay, texts)
-        # Room for the rest at this batch's rows per page (grown if that falls short).
-        out.put(part, n, n + part["rows"] * (len(leaves) - i) // len(pages))
-        n += part["rows"]
+        n += _decode(buf, len(pages), page_size, usable, lay, texts, out, n,
+                     len(leaves) - i)
     return out.result(n, texts)
 
 
@@ -196,17 +194,18 @@ def _varint(b: np.ndarray, be: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray,
 
 
 def _decode(buf: np.ndarray, n_pages: int, page_size: int, usable: int, lay: Layout,
-            texts: dict[str, int]) -> dict:
+            texts: dict[str, int], out: "Columns", at: int, pages_left: int) -> int:
+    """Decode a batch of leaf pages into out's columns from row `at`; the number of rows."""
     b = buf[:n_pages * page_size + 8]
     be = _be64(b)
     base = np.arange(n_pages, dtype=np.int64) * page_size
     if (b[base] != LEAF).any():
         raise Unsupported("a leaf level page is not a table leaf")
     ncell = (b[base + 3].astype(np.int64) << 8) | b[base + 4]
-    total = int(ncell.sum())
+    n = int(ncell.sum())
     page_of = np.repeat(base, ncell)
     first = np.repeat(np.cumsum(ncell) - ncell, ncell)
-    slot = page_of + 8 + 2 * (np.arange(total, dtype=np.int64) - first)
+    slot = page_of + 8 + 2 * (np.arange(n, dtype=np.int64) - first)
     cell = page_of + ((b[slot].astype(np.int64) << 8) | b[slot + 1])
     del slot, first
     payload, n1 = _varint(b, be, cell)
@@ -219,32 +218,32 @@ def _decode(buf: np.ndarray, n_pages: int, page_size: int, usable: int, lay: Lay
     del cell, page_of, payload, n1
     hsize, n3 = _varint(b, be, rec)
     want = {lay.fields[k]: k for k in WANTED if lay.fields[k] is not None}
-    out, null, text = _columns(b, be, rec, hsize, n3, end_rec, want)
-    # The SQL readers' coalesce()s, one by one.
-    n = total
-    start = out["start"]
+    # Room for the rest at this batch's rows per page (grown if that falls short).
+    dest = out.reserve(at, n, at + n * pages_left // n_pages)
+    into = {k: dest[v] for k, v in SQL_NAME.items()}
+    val, null, text = _columns(b, be, rec, hsize, n3, end_rec, want, into)
+    # The SQL readers' coalesce()s, in place.
     if null["start"].any() or null["eventType"].any():
         raise Unsupported("NULL start or eventType")
-    end = out.get("end")
-    end = start - 1 if end is None else np.where(null["end"], start - 1, end)
-    gtid = out.get("globalTid")
-    thread = np.zeros(n, np.int64) if gtid is None else np.where(null["globalTid"], 0, gtid)
-    text_id = out.get("textId")
-    text_id = (np.full(n, -1, np.int64) if text_id is None
-               else np.where(null["textId"], -1, text_id))
-    dom = out.get("domainId")
-    domain = np.zeros(n, np.int64) if dom is None else np.where(null["domainId"], 0, dom)
-    egt = out.get("endGlobalTid")
-    if egt is None or gtid is None:
-        cross = np.zeros(0, np.int64)
+    start = dest["start"]
+    for name, column, default in (("end", "end", None), ("globalTid", "thread", 0),
+                                  ("textId", "text_id", -1), ("domainId", "domain", 0)):
+        if name not in val:
+            dest[column][:] = start - 1 if default is None else default
+        elif null[name].any():
+            nulls = null[name]
+            dest[column][nulls] = start[nulls] - 1 if default is None else default
+    dest["event_type"][:] = val["eventType"]  # int16, as the SQL readers' astype
+    egt = val.get("endGlobalTid")
+    if egt is not None and "globalTid" in val:
+        cross = np.flatnonzero(~null["endGlobalTid"] & ~null["globalTid"]
+                               & (egt != dest["thread"]))
+        out.add_cross(cross + at, egt[cross])
+    if text is not None:
+        _text_codes(b, *text, texts, dest["text_code"])
     else:
-        cross = np.flatnonzero(~null["endGlobalTid"] & ~null["globalTid"] & (egt != gtid))
-    part = {"start": start, "end": end, "thread": thread, "text_id": text_id,
-            "event_type": out["eventType"].astype(np.int16), "domain": domain,
-            "cross_pos": cross, "cross_thread": egt[cross] if len(cross) else cross, "rows": n}
-    part["text_code"] = (_text_codes(b, *text, texts) if text is not None
-                         else np.zeros(n, np.int32))
-    return part
+        dest["text_code"][:] = 0
+    return n
 
 
 def _rowid_len(be: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -260,16 +259,17 @@ def _rowid_len(be: np.ndarray, pos: np.ndarray) -> np.ndarray:
 MAX_PATTERNS = 8  # header patterns decoded as such per batch; rows past them take the long road
 
 
-def _columns(b, be, rec, hsize, n3, end_rec, want: dict[int, str]):
-    """Per wanted integer column its values and NULLs; for the text column serial types and
-    offsets.
+def _columns(b, be, rec, hsize, n3, end_rec, want: dict[int, str], into: dict[str, np.ndarray]):
+    """Per wanted integer column its values (written into `into` where it has the column) and
+    NULLs; for the text column serial types and offsets.
 
     Rows of a batch share a handful of headers (the serial types of the fields, e.g. a start
     time in 4 or 6 bytes, a NULL end), so rows are taken a header pattern at a time: within one
     every field's type and offset is a constant and each column is a single gather. Rows whose
     header is not one byte per field, and rows of rarer patterns, go field by field."""
     m, nf = len(rec), max(want) + 1
-    val = {name: np.empty(m, np.int64) for name in want.values() if name != "text"}
+    val = {name: into[name] if name in into else np.empty(m, np.int64)
+           for name in want.values() if name != "text"}
     null = {name: np.empty(m, bool) for name in val}
     text = (np.empty(m, np.int64), np.empty(m, np.int64)) if "text" in want.values() else None
     left = np.arange(m)
@@ -394,14 +394,16 @@ def _integers(b: np.ndarray, be: np.ndarray, st: np.ndarray, off: np.ndarray, na
     return val, st == 0
 
 
-def _text_codes(b: np.ndarray, st: np.ndarray, off: np.ndarray, texts: dict[str, int]):
-    """Dictionary codes of the text column (NULL and '' are code 0), first appearance first."""
-    codes = np.zeros(len(st), np.int32)
+def _text_codes(b: np.ndarray, st: np.ndarray, off: np.ndarray, texts: dict[str, int],
+                codes: np.ndarray) -> None:
+    """Dictionary codes of the text column into `codes` (NULL and '' are code 0), first
+    appearance first."""
+    codes[:] = 0
     if ((st >= 1) & (st < 13)).any() or ((st >= 13) & (st % 2 == 0)).any():
         raise Unsupported("text: a number or blob in the text column")
     rows = np.flatnonzero(st > 13)
     if len(rows) == 0:
-        return codes
+        return
     length = (st[rows] - 13) >> 1
     at = off[rows]
     # Gather every text (and a separator after each) into one string; SQLite decodes strictly.
@@ -419,33 +421,38 @@ def _text_codes(b: np.ndarray, st: np.ndarray, off: np.ndarray, texts: dict[str,
         raise Unsupported(f"text: not UTF-8 ({e})") from None
     codes[rows] = np.fromiter((texts.setdefault(t, len(texts)) for t in parts), np.int32,
                               len(parts))
-    return codes
 
 
 ARRAYS = (("start", np.int64), ("end", np.int64), ("thread", np.int64), ("text_id", np.int64),
           ("event_type", np.int16), ("domain", np.int64), ("text_code", np.int32))
+# The int64 output columns that hold a table column's raw values before the coalesce()s.
+SQL_NAME = {"start": "start", "end": "end", "globalTid": "thread", "textId": "text_id",
+            "domainId": "domain"}
 
 
 class Columns:
-    """The output columns, written batch by batch into arrays sized from the first batches."""
+    """The output columns, decoded batch by batch straight into arrays sized from the first
+    batch (and grown where later ones hold more rows per page)."""
 
     def __init__(self):
         self.arrays = {name: np.zeros(0, dt) for name, dt in ARRAYS}
         self.cross_pos: list[np.ndarray] = []
         self.cross_thread: list[np.ndarray] = []
 
-    def put(self, part: dict, at: int, expect: int) -> None:
-        m = part["rows"]
+    def reserve(self, at: int, m: int, expect: int) -> dict[str, np.ndarray]:
+        """Views of rows [at, at + m) of every column."""
         if at + m > len(self.arrays["start"]):
             size = max(expect + expect // 16, at + m)
             for name, dt in ARRAYS:
                 grown = np.empty(size, dt)
                 grown[:at] = self.arrays[name][:at]
                 self.arrays[name] = grown
-        for name, _ in ARRAYS:
-            self.arrays[name][at:at + m] = part[name]
-        self.cross_pos.append(part["cross_pos"] + at)
-        self.cross_thread.append(part["cross_thread"])
+        return {name: a[at:at + m] for name, a in self.arrays.items()}
+
+    def add_cross(self, pos: np.ndarray, thread: np.ndarray) -> None:
+        if len(pos):
+            self.cross_pos.append(pos)
+            self.cross_thread.append(thread)
 
     def result(self, n: int, texts: dict[str, int]) -> dict:
         out = {name: a[:n] for name, a in self.arrays.items()}
