@@ -46,3 +46,16 @@ def test_step_meta_round_trip(prefill, decode, reqs):
 def test_parse_step_meta_rejects_other_names():
     assert stages.parse_step_meta(stages.FORWARD) is None
     assert stages.parse_step_meta("step_meta: prefill=x") is None
+
+
+@given(st.lists(st.tuples(st.integers(1, 512), st.integers(0, 2048), st.integers(1, 2048)),
+                max_size=64))
+def test_split_prefill_decode_matches_numpy(rows):
+    import numpy as np
+
+    from mmscope.telemetry import split_prefill_decode
+
+    sched, comp, prom = (np.array([r[i] for r in rows], dtype=np.int32) for i in range(3))
+    shape = split_prefill_decode(sched, comp, prom)
+    prefill = int(sched[comp < prom].sum())
+    assert shape == stages.StepShape(prefill, int(sched.sum()) - prefill, int(sched.sum()), len(rows))

@@ -34,8 +34,11 @@ class StepTelemetry:
 
 
 def split_prefill_decode(num_scheduled, num_computed, num_prompt) -> stages.StepShape:
-    """Tokens of the step by kind; arrays are per request, in the batch's order."""
-    is_prefill = num_computed < num_prompt
-    prefill = int(num_scheduled[is_prefill].sum())
-    total = int(num_scheduled.sum())
-    return stages.StepShape(prefill, total - prefill, total, int(len(num_scheduled)))
+    """Tokens of the step by kind; sequences are per request, in the batch's order. Batches are
+    small, so plain Python beats numpy's per-call overhead here."""
+    scheduled = num_scheduled.tolist() if hasattr(num_scheduled, "tolist") else list(num_scheduled)
+    computed = num_computed.tolist() if hasattr(num_computed, "tolist") else list(num_computed)
+    prompt = num_prompt.tolist() if hasattr(num_prompt, "tolist") else list(num_prompt)
+    prefill = sum(s for s, c, p in zip(scheduled, computed, prompt) if c < p)
+    total = sum(scheduled)
+    return stages.StepShape(prefill, total - prefill, total, len(scheduled))

@@ -30,6 +30,7 @@ class ChromeTraceWriter:
         self._new_threads: list[int] = []
         self.dropped = 0
         self.closed = False
+        self._quoted: dict[str, str] = {}
         self._flush_lock = threading.Lock()
         self.now = time.perf_counter_ns
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -84,12 +85,18 @@ class ChromeTraceWriter:
         threads, self._new_threads = self._new_threads, []
         pid = self.pid
         parts = [json.dumps({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                             "args": {"name": self.thread_names[tid]}}) for tid in threads]
+                             "args": {"name": self.thread_names[tid]}}) + ",\n"
+                 for tid in threads]
+        # Formatted by hand (json.dumps per event costs 4x as much); names are JSON-escaped once.
         # Chrome wants microseconds; three decimals keep the nanoseconds.
-        parts += [json.dumps({"name": n, "ph": "X", "ts": round(t0 / 1000, 3),
-                              "dur": round((t1 - t0) / 1000, 3), "pid": pid, "tid": tid})
-                  for n, t0, t1, tid in events]
-        return "".join(p + ",\n" for p in parts)
+        quoted = self._quoted
+        for n, t0, t1, tid in events:
+            q = quoted.get(n)
+            if q is None:
+                q = quoted[n] = json.dumps(n)
+            parts.append(f'{{"name":{q},"ph":"X","ts":{t0 / 1000:.3f},"dur":{(t1 - t0) / 1000:.3f},'
+                         f'"pid":{pid},"tid":{tid}}},\n')
+        return "".join(parts)
 
     def close(self) -> None:
         """Write what is left and the closing bracket: the file becomes strict JSON."""
