@@ -15,10 +15,18 @@ from mmscope.analysis.table import RangeTable, latest_before
 SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
 
 
-# `stages.parse_step_meta` for many names at once: one line per name, empty groups where the
-# name is no step_meta.
-_STEP_META_LINE = re.compile(
-    r"^(?:step_meta: prefill=(\d+) decode=(\d+) total=(\d+) reqs=(\d+)|.*)$", re.M)
+def _lines_pattern() -> re.Pattern | None:
+    """`stages.parse_step_meta`'s regex for many names at once, one per line: the same groups,
+    empty where a line is no step_meta. None where that regex is not of the `^...$` form."""
+    rx = getattr(stages, "_STEP_META_RE", None)
+    pattern = getattr(rx, "pattern", "")
+    if (not isinstance(pattern, str) or not pattern.startswith("^") or not pattern.endswith("$")
+            or rx.groups != 4 or rx.flags != re.UNICODE):
+        return None
+    return re.compile(f"^(?:{pattern[1:-1]}|.*)$", re.M)
+
+
+_STEP_META_LINES = _lines_pattern()
 
 
 def step_meta_rows(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
@@ -39,22 +47,39 @@ def _parse_shapes(names: list[str]) -> np.ndarray:
     Every profile step has its own step_meta name (hundreds of thousands in a long run), so they
     are matched in one pass over their joined text and their numbers parsed in one call; names
     where that could differ from `stages.parse_step_meta` (non-ASCII digits, line breaks, numbers
-    past int64) go one by one."""
+    past int64) go one by one, and so do all when a sample disagrees with it."""
+    out = _parse_joined(names)
+    if out is not None:
+        return out
     out = np.full((len(names), 4), -1, dtype=np.int64)
-    text = "\n".join(names)
-    if text.isascii() and text.count("\n") == len(names) - 1:
-        found = _STEP_META_LINE.findall(text)
-        digits = list(itertools.chain.from_iterable(f for f in found if f[0]))
-        if len(found) == len(names) and max(map(len, digits), default=0) <= 18:
-            values = np.fromstring(" ".join(digits), dtype=np.int64, sep=" ")
-            if len(values) == len(digits):
-                ok = np.fromiter((f[0] != "" for f in found), bool, len(found))
-                out[ok] = values.reshape(-1, 4)
-                return out
     for j, name in enumerate(names):
-        shape = stages.parse_step_meta(name)
-        if shape is not None:
-            out[j] = (shape.prefill, shape.decode, shape.total, shape.reqs)
+        out[j] = _shape_of(name)
+    return out
+
+
+def _shape_of(name: str) -> tuple[int, int, int, int]:
+    shape = stages.parse_step_meta(name)
+    return (-1, -1, -1, -1) if shape is None else (shape.prefill, shape.decode, shape.total,
+                                                    shape.reqs)
+
+
+def _parse_joined(names: list[str]) -> np.ndarray | None:
+    text = "\n".join(names)
+    if (_STEP_META_LINES is None or not names or not text.isascii()
+            or text.count("\n") != len(names) - 1):
+        return None
+    found = _STEP_META_LINES.findall(text)
+    digits = list(itertools.chain.from_iterable(f for f in found if f[0]))
+    if len(found) != len(names) or max(map(len, digits), default=0) > 18:
+        return None
+    values = np.fromstring(" ".join(digits), dtype=np.int64, sep=" ")
+    if len(values) != len(digits):
+        return None
+    out = np.full((len(names), 4), -1, dtype=np.int64)
+    out[np.fromiter((f[0] != "" for f in found), bool, len(found))] = values.reshape(-1, 4)
+    sample = {0, len(names) // 2, len(names) - 1}
+    if any(tuple(out[j].tolist()) != _shape_of(names[j]) for j in sample):
+        return None
     return out
 
 
