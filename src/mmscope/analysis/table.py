@@ -180,12 +180,21 @@ def nest(thread: np.ndarray, sub: np.ndarray, start: np.ndarray, end: np.ndarray
         d_sorted[pos], d_sorted[zero] = d_pos, d_zero
         p_sorted = np.full(n, NO_PARENT, np.int64)
         if len(pos):
-            p_sorted[pos] = np.where(p_pos >= 0, pos[np.maximum(p_pos, 0)], NO_PARENT)
-            p_sorted[zero] = np.where(p_zero >= 0, pos[np.maximum(p_zero, 0)], NO_PARENT)
+            p_sorted[pos] = _through(pos, p_pos)
+            p_sorted[zero] = _through(pos, p_zero)
     del ks, ke, positive
     depth[order] = d_sorted
-    parent[order] = np.where(p_sorted >= 0, order[np.maximum(p_sorted, 0)], NO_PARENT)
+    parent[order] = _through(order, p_sorted)
     return depth, parent
+
+
+def _through(index: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """index[at] where at >= 0, else NO_PARENT; overwrites `at`, which the caller gives up."""
+    none = at < 0
+    at[none] = 0
+    out = index[at]
+    out[none] = NO_PARENT
+    return out
 
 
 def _group_index(thread: np.ndarray, sub: np.ndarray) -> np.ndarray:
