@@ -103,11 +103,14 @@ def _share_of_parent(table: RangeTable, sid: np.ndarray, dur: np.ndarray, names:
     s_child, p_child = sid[has], table.parent[has]
     child = pl.DataFrame({"s": s_child, "d": dur[has]}).group_by("s").agg(pl.col("d").sum())
     del has
-    # The distinct (stage, parent row) pairs, as one int64 key (parent * stages + stage).
-    key = pl.Series(p_child * n + s_child).unique().to_numpy()
+    if len(table) * n < (1 << 62):
+        # The distinct (stage, parent row) pairs, as one int64 key (parent * stages + stage).
+        key = pl.Series(p_child * n + s_child).unique().to_numpy()
+        pairs = pl.DataFrame({"s": (key % n).astype(sid.dtype), "p": key // n})
+        del key
+    else:
+        pairs = pl.DataFrame({"s": s_child, "p": p_child}).unique()
     del s_child, p_child
-    pairs = pl.DataFrame({"s": (key % n).astype(sid.dtype), "p": key // n})
-    del key
     p_rows = pairs["p"].to_numpy()
     pairs = pairs.with_columns(pd=pl.Series(dur[p_rows]), ps=pl.Series(sid[p_rows]))
     parent_total = pairs.group_by("s").agg(pl.col("pd").sum())
