@@ -8,7 +8,9 @@ Run: .venv/bin/python bench/plugin_overhead.py [--rounds 12] [--requests 48] [--
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -70,12 +72,16 @@ def main() -> None:
     tokens = 0
     with tempfile.TemporaryDirectory() as trace_dir:
         llm.generate([prompt([image(1)], "warm-up")] * 4, sp, use_tqdm=False)
+        order = list(enumerate(configs.items()))
         for r in range(args.rounds):
-            for c, (name, (left_out, spec)) in enumerate(configs.items()):
+            # A new order every round: no configuration always follows the same one.
+            random.Random(r).shuffle(order)
+            for c, (name, (left_out, spec)) in order:
                 base = 100_000 * (r * len(configs) + c + 1)
                 batch = [prompt([image(base + (i // 2 if i % 2 else i))], f"Question {i}?")
                          for i in range(args.requests)]
                 apply(instrumentor, left_out, spec, trace_dir)
+                gc.collect()  # no collection debt carried from one configuration to the next
                 t = time.perf_counter()
                 outs = llm.generate(batch, sp, use_tqdm=False)
                 times[name].append(time.perf_counter() - t)
