@@ -130,8 +130,8 @@ def test_python_program_is_recorded_exactly(tmp_path):
 
 def _compile(tmp_path: Path) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
+    # The package's own build needs a C compiler (README), so the tests may rely on one too.
+    assert cc is not None, "no C compiler (cc or gcc) on PATH"
     exe = tmp_path / "nvtx_c_program"
     subprocess.run([cc, "-O1", f"-I{DATA}", str(DATA / "nvtx_c_program.c"), "-o", str(exe),
                     "-ldl", "-lpthread"], check=True, capture_output=True)
