@@ -82,35 +82,44 @@ class EncoderCacheProm:
         self.stage_seconds = histogram_cls(
             name=STAGE_HISTOGRAM[0], documentation=STAGE_HISTOGRAM[1],
             labelnames=labels + ["stage"], buckets=STAGE_BUCKETS)
-        # Zero-valued children per engine, so the series exist (and dashboards resolve) at once.
-        for idx, values in per_engine_labelvalues.items():
-            for metric in (*self.counters.values(), *self.gauges.values()):
-                metric.labels(*values)
+        # Children resolved once (labels() takes a lock and hashes the values on every call);
+        # created now, so the series exist at zero and dashboards resolve at once.
+        self._children: dict[tuple, object] = {}
+        for idx in per_engine_labelvalues:
+            for key in (*self.counters, *self.gauges):
+                self._child(idx, key)
             for source in ("local", "in_step", "connector"):
-                self.labeled["hits_by_source"].labels(*values, source)
+                self._child(idx, "hits_by_source", source)
+
+    def _child(self, engine_idx: int, key: str, *extra: str):
+        child = self._children.get((engine_idx, key, *extra))
+        if child is None:
+            metric = (self.counters.get(key) or self.gauges.get(key) or self.labeled.get(key)
+                      or self.stage_seconds)
+            child = metric.labels(*self.labelvalues[engine_idx], *extra)
+            self._children[(engine_idx, key, *extra)] = child
+        return child
 
     def observe(self, stats: EncoderCacheStats, engine_idx: int) -> None:
-        values = self.labelvalues.get(engine_idx)
-        if values is None:
+        if engine_idx not in self.labelvalues:
             return
-        for key, counter in self.counters.items():
+        for key in self.counters:
             if n := getattr(stats, key):
-                counter.labels(*values).inc(n)
-        for key, counter in self.labeled.items():
+                self._child(engine_idx, key).inc(n)
+        for key in self.labeled:
             for label, n in getattr(stats, key).items():
-                counter.labels(*values, label).inc(n)
+                self._child(engine_idx, key, label).inc(n)
         if stats.capacity_embeds is not None:
-            self.gauges["usage_embeds"].labels(*values).set(stats.usage_embeds or 0)
-            self.gauges["capacity_embeds"].labels(*values).set(stats.capacity_embeds)
+            self._child(engine_idx, "usage_embeds").set(stats.usage_embeds or 0)
+            self._child(engine_idx, "capacity_embeds").set(stats.capacity_embeds)
 
     def observe_stages(self, durations: dict[str, list[int]], engine_idx: int) -> None:
-        values = self.labelvalues.get(engine_idx)
-        if values is None:
+        if engine_idx not in self.labelvalues:
             return
         for stage, ns in durations.items():
-            child = self.stage_seconds.labels(*values, stage)
+            observe = self._child(engine_idx, "stage_seconds", stage).observe
             for d in ns:
-                child.observe(d / 1e9)
+                observe(d / 1e9)
 
 
 # --- PrometheusStatLogger hooks ---------------------------------------------------------------
