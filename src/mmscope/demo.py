@@ -98,6 +98,7 @@ def _report(out: str, profile: str, analysis, elapsed: float) -> None:
     from rich.table import Table
 
     from mmscope.analysis.report import print_terminal
+    from mmscope.load import series
 
     # Piped output gets rich's 80 columns by default: too narrow for the stage table.
     console = Console() if sys.stdout.isatty() else Console(width=150)
@@ -107,18 +108,18 @@ def _report(out: str, profile: str, analysis, elapsed: float) -> None:
     print_terminal(analysis, console)
     console.rule("[bold]encoder cache (vllm:encoder_cache_* on /metrics)")
     c = summary["counters"]
-    q, h = c.get("encoder_cache_queries", 0), c.get("encoder_cache_hits", 0)
+    q, h = c.get(series.QUERIES, 0), c.get(series.HITS, 0)
     table = Table("counter", "value", "meaning")
     rows = [
         ("queries", q, "image items committed for scheduled requests"),
         ("hits", h, "encoder output reused"),
-        ("misses", c.get("encoder_cache_misses", 0), "encoder runs (one per computed item)"),
-        ("  hits from cache", c.get("encoder_cache_hits_by_source{source=local}", 0),
+        ("misses", c.get(series.MISSES, 0), "encoder runs (one per computed item)"),
+        ("  hits from cache", c.get(series.by_source("local"), 0),
          "resident from an earlier request"),
-        ("  hits in step", c.get("encoder_cache_hits_by_source{source=in_step}", 0),
+        ("  hits in step", c.get(series.by_source("in_step"), 0),
          "computed by another request (or item) of the same step"),
-        ("deferrals", c.get("encoder_cache_deferrals", 0), "items postponed for budget or space"),
-        ("evictions", c.get("encoder_cache_evictions", 0), "entries evicted to make room"),
+        ("deferrals", c.get(series.DEFERRALS, 0), "items postponed for budget or space"),
+        ("evictions", c.get(series.EVICTIONS, 0), "entries evicted to make room"),
     ]
     for name, value, meaning in rows:
         table.add_row(name, f"{value:.0f}", meaning)

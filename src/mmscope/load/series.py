@@ -5,6 +5,8 @@ name a user sees on /metrics, for messages.
 """
 from __future__ import annotations
 
+from mmscope.accounting import SOURCES
+
 # mmscope's encoder-cache series (the adapter's tables in mmscope.vllm.stat_loggers define them).
 QUERIES = "encoder_cache_queries"
 HITS = "encoder_cache_hits"
@@ -12,7 +14,7 @@ MISSES = "encoder_cache_misses"
 DEFERRALS = "encoder_cache_deferrals"
 EVICTIONS = "encoder_cache_evictions"
 HITS_BY_SOURCE = "encoder_cache_hits_by_source"
-HIT_SOURCES = ("local", "in_step", "connector")
+HIT_SOURCES = SOURCES
 CAPACITY = "encoder_cache_capacity_embeds"
 USAGE = "encoder_cache_usage_embeds"
 COUNTERS = (QUERIES, HITS, MISSES, DEFERRALS, EVICTIONS)

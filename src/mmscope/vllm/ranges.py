@@ -17,26 +17,33 @@ from mmscope.vllm.patching import HookState
 NOT_ITEMS = frozenset({"model_id", "media_io_kwargs", "mm_processor_kwargs", "mm_hash"})
 
 
-def hash_branch(obj) -> str:
-    """The MultiModalHasher.serialize_item branch that serializes `obj` (vLLM 0.32's order)."""
+@functools.cache
+def _hash_types():
+    # Imported once, on first use: this runs for every hashed item in the API server.
     import numpy as np
     import torch
     from PIL import Image
     from vllm.multimodal.media import MediaWithBytes
 
+    return np.ndarray, torch.Tensor, Image.Image, MediaWithBytes
+
+
+def hash_branch(obj) -> str:
+    """The MultiModalHasher.serialize_item branch that serializes `obj` (vLLM 0.32's order)."""
+    ndarray, tensor, image, media_with_bytes = _hash_types()
     if isinstance(obj, (bytes, memoryview)):
         return "bytes"
     if isinstance(obj, str):
         return "str"
     if isinstance(obj, (int, float)):
         return "number"
-    if isinstance(obj, Image.Image):
+    if isinstance(obj, image):
         return "pil_image"
-    if isinstance(obj, MediaWithBytes):
-        return "image_bytes" if isinstance(obj.media, Image.Image) else "video"
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, media_with_bytes):
+        return "image_bytes" if isinstance(obj.media, image) else "video"
+    if isinstance(obj, tensor):
         return "tensor"
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, ndarray):
         return "ndarray"
     return "pickle"
 

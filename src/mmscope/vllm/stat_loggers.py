@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from mmscope.accounting import EncoderCacheStats
+from mmscope.accounting import SOURCES, EncoderCacheStats
 from mmscope.stage_timing import FRONTEND, merge
 from mmscope.vllm.schema import FIELD, STAGES_FIELD
 
@@ -88,7 +88,7 @@ class EncoderCacheProm:
         for idx in per_engine_labelvalues:
             for key in (*self.counters, *self.gauges):
                 self._child(idx, key)
-            for source in ("local", "in_step", "connector"):
+            for source in SOURCES:
                 self._child(idx, "hits_by_source", source)
 
     def _child(self, engine_idx: int, key: str, *extra: str):
