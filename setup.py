@@ -1,7 +1,9 @@
-"""Build of mmscope's two C libraries; everything else about the package is in pyproject.toml.
+"""Build of mmscope's C libraries; everything else about the package is in pyproject.toml.
 
-Both are loaded with dlopen/ctypes, not imported: `_nvtx_inject` is the NVTX injection library of
-`mmscope record`, `_sqlite_pages` writes the recorded NVTX table straight into SQLite pages.
+All are loaded with dlopen/ctypes, not imported: `_nvtx_inject` is the NVTX injection library of
+`mmscope record`, `_sqlite_pages` writes the recorded NVTX table straight into SQLite pages,
+`_analysis_kernels` holds the analyzer's hot loops (optional everywhere: without it the analyzer
+takes its numpy road).
 """
 import platform
 import sys
@@ -56,6 +58,12 @@ setup(
             extra_compile_args=list(COMMON),
             extra_link_args=["-lm"],
             optional=OPTIONAL,
+        ),
+        Extension(
+            "mmscope.analysis._analysis_kernels",
+            sources=["src/mmscope/analysis/_analysis_kernels.c"],
+            extra_compile_args=list(COMMON),
+            optional=True,
         ),
     ],
     cmdclass={"build_ext": BuildExt},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmscope import stages
+from mmscope.analysis import kernels
 from mmscope.analysis.table import RangeTable, latest_before, packed_order
 
 SIBLINGS = stages.PREPROCESS_SIBLINGS
@@ -36,6 +37,10 @@ def where(table: RangeTable, row: int) -> str:
 
 def _inside(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """For each inner row, the enclosing outer row on its thread, or -1."""
+    if kernels.lib() is not None and len(inner) and len(outer):
+        found = kernels.latest_before(outer, inner, table.thread, table.start, table.end)
+        if found is not None:
+            return found
     cand = latest_before(table, outer, inner)
     ok = cand >= 0
     safe = np.maximum(cand, 0)
@@ -84,10 +89,14 @@ def _overlapping(table: RangeTable, rows: np.ndarray) -> int | None:
 
     The same count as the polars frame in `siblings_disjoint`, in numpy: (thread, time) packed so
     that a running maximum of the ends never carries a thread's ends into the next thread."""
-    import polars as pl
-
     if len(rows) < 2:
         return 0
+    if kernels.lib() is not None:
+        got = kernels.overlaps(rows, table.thread, table.start, table.end)
+        if got is not None:
+            return got
+    import polars as pl
+
     thread, s, e = table.thread[rows], table.start[rows], table.end[rows]
     g = np.searchsorted(np.sort(pl.Series(thread).unique().to_numpy()), thread)
     t0 = int(s.min())

@@ -10,7 +10,7 @@ import sqlite3
 
 import numpy as np
 
-from mmscope.analysis import nsys_pages, nsys_scan
+from mmscope.analysis import kernels, nsys_pages, nsys_scan
 from mmscope.analysis import table as tbl
 from mmscope.errors import UserError
 
@@ -174,6 +174,8 @@ def _resolve_names(text_id: np.ndarray, text_codes, texts: list[str], strings: d
     # Dense ids (nsys numbers its strings 1, 2, ...): one table lookup per row.
     table = np.full(span, -1, np.int64)
     table[ids - lo] = np.arange(len(ids))
+    if kernels.lib() is not None:
+        return names, kernels.resolve(text_id, text_codes, table, lo, len(ids))
     at = text_id - lo
     outside = (at < 0) | (at >= span)
     at[outside] = 0

@@ -10,11 +10,14 @@ The output is `nsys_scan.read_range`'s: the same columns, in rowid order.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import sqlite3
 from dataclasses import dataclass
 
 import numpy as np
+
+from mmscope.analysis import kernels
 
 MAGIC = b"SQLite format 3\x00"
 LEAF, INTERIOR = 0x0D, 0x05
@@ -76,6 +79,12 @@ def _read(f, path: str, lay: Layout) -> dict:
     page_size, usable = _check_header(path, _pread(f, 100, 0))
     n_pages = os.fstat(f.fileno()).st_size // page_size
     leaves = _leaf_pages(f, lay.root, page_size, n_pages)
+    if kernels.lib() is not None:
+        got = _read_c(f, leaves, page_size, usable, lay)
+        if got is not None:
+            return got
+        # The C decoder refuses a few records numpy takes (e.g. a varint that runs past its
+        # header): numpy decides, and raises Unsupported where SQLite must.
     per_batch = max(1, BATCH_BYTES // page_size)
     buf = np.empty(per_batch * page_size + 8, np.uint8)  # +8: 8-byte reads near the end
     out, texts, n = Columns(), {"": 0}, 0
@@ -85,6 +94,28 @@ def _read(f, path: str, lay: Layout) -> dict:
         n += _decode(buf, len(pages), page_size, usable, lay, texts, out, n,
                      len(leaves) - i)
     return out.result(n, texts)
+
+
+def _read_c(f, leaves: np.ndarray, page_size: int, usable: int, lay: Layout) -> dict | None:
+    """The C decoder's output over the mapped file, or None where it does not take the file."""
+    fields = [-1 if lay.fields[k] is None else lay.fields[k] for k in WANTED]
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # faulted in one go, not by page
+    with mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ) as mm:
+        buf = np.frombuffer(mm, np.uint8)
+        try:
+            got = kernels.decode_leaves(buf, leaves, page_size, usable, fields)
+        finally:
+            del buf  # the map cannot close while an array views it
+        if got is None:
+            return None
+        out, toff, tlen = got
+        try:
+            texts = [""] + [mm[o:o + k].decode("utf-8") for o, k in zip(toff.tolist(),
+                                                                       tlen.tolist())]
+        except UnicodeDecodeError as e:
+            raise Unsupported(f"text: not UTF-8 ({e})") from None
+    out["texts"] = texts
+    return out
 
 
 def _pread(f, size: int, offset: int) -> bytes:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmscope import stages
+from mmscope.analysis import kernels
 
 PUSH_POP, START_END, MARK = 0, 1, 2
 KIND_NAMES = ("push_pop", "start_end", "mark")
@@ -99,10 +100,10 @@ class RangeTable:
 def canonical_names(raw: list[str]) -> tuple[list[str], np.ndarray]:
     """Canonical name list and the map raw id -> canonical id (aliases merge into one name)."""
     index: dict[str, int] = {}
-    mapping = np.empty(len(raw), dtype=np.int64)
-    for i, name in enumerate(raw):
-        mapping[i] = index.setdefault(stages.canonical(name), len(index))
-    return list(index), mapping
+    canonical = stages.canonical
+    # One list, then one array: a numpy item assignment per name costs more than the lookup.
+    codes = [index.setdefault(canonical(name), len(index)) for name in raw]
+    return list(index), np.array(codes, dtype=np.int64).reshape(len(raw))
 
 
 def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
@@ -159,6 +160,8 @@ def nest(thread: np.ndarray, sub: np.ndarray, start: np.ndarray, end: np.ndarray
     parent = np.full(n, NO_PARENT, dtype=np.int64)
     if n == 0:
         return depth, parent
+    if kernels.lib() is not None:
+        return _nest_c(thread, sub, start, end, depth, parent)
     g = _group_index(thread, sub)
     ks_row, ke_row = _packed_keys(g, start, end)
     order, ks = _sort_order(ks_row, ke_row, g)
@@ -185,6 +188,23 @@ def nest(thread: np.ndarray, sub: np.ndarray, start: np.ndarray, end: np.ndarray
     del ks, ke, positive
     depth[order] = d_sorted
     parent[order] = _through(order, p_sorted)
+    return depth, parent
+
+
+def _nest_c(thread, sub, start, end, depth, parent):
+    """nest() in C: one pass in row order where each (thread, sub) group's rows are in start
+    order already (as profiles list them), else a pass in the order numpy sorts."""
+    thread, start, end = (kernels.c_array(a, np.int64) for a in (thread, start, end))
+    sub = kernels.c_array(sub, np.int32)
+    if kernels.nest(thread, sub, start, end, depth, parent):
+        return depth, parent
+    g = _group_index(thread, sub)
+    ks_row, ke_row = _packed_keys(g, start, end)
+    order, _ = _sort_order(ks_row, ke_row, g)
+    del ks_row, ke_row
+    parent[:] = NO_PARENT
+    kernels.nest(thread, sub, start, end, depth, parent, order=kernels.c_array(order, np.int64),
+                 gid=kernels.c_array(g, np.int64), n_groups=int(g.max()) + 1)
     return depth, parent
 
 
@@ -307,10 +327,17 @@ def _nest_zero(ks_p, ke_p, depth_p, parent_p, kz):
 def latest_before(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """For each inner row, the outer row on the same thread that started last at or before it
     (-1 if none): the candidate enclosing range, or the step_meta a forward joins."""
-    import polars as pl
-
     if len(inner) == 0 or len(outer) == 0:
         return np.full(len(inner), NO_PARENT, dtype=np.int64)
+    found = None
+    if kernels.lib() is not None:
+        found = kernels.latest_before(outer, inner, table.thread, table.start)
+    if found is None:
+        found = _latest_before_packed(table, outer, inner)
+    if found is not None:
+        return found
+    import polars as pl
+
     left = pl.DataFrame({"t": table.thread[inner], "s": table.start[inner],
                          "i": np.arange(len(inner))}).sort("s")
     right = pl.DataFrame({"t": table.thread[outer], "s": table.start[outer],
@@ -318,4 +345,29 @@ def latest_before(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np
     joined = left.join_asof(right, on="s", by="t", strategy="backward", check_sortedness=False)
     found = np.full(len(inner), NO_PARENT, dtype=np.int64)
     found[joined["i"].to_numpy()] = joined["o"].fill_null(NO_PARENT).to_numpy()
+    return found
+
+
+def _latest_before_packed(table: RangeTable, outer: np.ndarray, inner: np.ndarray):
+    """latest_before with (thread, start) packed into int64 keys: one sort of the outer rows
+    (mostly a radix sort of thread ids: rows are in start order per thread) and one search.
+    Of outer rows with equal keys the last in row order wins, as in the as-of join. None where
+    the keys do not pack."""
+    keys = np.unique(table.thread[outer])
+    g_out = np.searchsorted(keys, table.thread[outer])
+    g_in = np.minimum(np.searchsorted(keys, table.thread[inner]), len(keys) - 1)
+    known = keys[g_in] == table.thread[inner]
+    s_out, s_in = table.start[outer], table.start[inner]
+    t0 = min(int(s_out.min()), int(s_in.min()))
+    bits = max(int(s_out.max()) - t0, int(s_in.max()) - t0, 1).bit_length()
+    if int(len(keys)).bit_length() + bits > 62:
+        return None
+    k_out = (g_out << bits) | (s_out - t0)
+    order = packed_order(g_out, k_out)
+    k_out = k_out[order]
+    at = np.searchsorted(k_out, (g_in << bits) | (s_in - t0), side="right") - 1
+    ok = known & (at >= 0)
+    ok[ok] = (k_out[at[ok]] >> bits) == g_in[ok]
+    found = np.full(len(inner), NO_PARENT, dtype=np.int64)
+    found[ok] = outer[order[at[ok]]]
     return found

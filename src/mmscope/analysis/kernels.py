@@ -1,0 +1,167 @@
+"""The analyzer's C kernels (`_analysis_kernels.c`) through ctypes, on numpy buffers.
+
+`lib()` is None where the library was not built or MMSCOPE_ANALYZE_NO_C=1 asks for the numpy road.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+
+import numpy as np
+
+_LIB: list = []  # [library or None], loaded once
+I64, P = ctypes.c_int64, ctypes.c_void_p
+
+
+def lib():
+    """The loaded library, or None (not built here, or disabled by MMSCOPE_ANALYZE_NO_C)."""
+    if os.environ.get("MMSCOPE_ANALYZE_NO_C", "") not in ("", "0"):
+        return None
+    if not _LIB:
+        _LIB.append(_load())
+    return _LIB[0]
+
+
+def _load():
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_analysis_kernels*.so")))
+    if not found:
+        return None
+    try:
+        c = ctypes.CDLL(found[0])
+    except OSError:
+        return None
+    c.mk_ctx_new.restype = P
+    c.mk_ctx_free.argtypes = [P]
+    c.mk_ctx_sizes.argtypes = [P, P]
+    c.mk_ctx_copy.argtypes = [P, P, P, P, P]
+    c.mk_count_cells.argtypes = [P, I64, P, I64, I64]
+    c.mk_count_cells.restype = I64
+    c.mk_decode.argtypes = [P, P, I64, P, I64, I64, I64, P, I64] + [P] * 7
+    c.mk_decode.restype = I64
+    c.mk_resolve.argtypes = [I64, P, P, P, I64, I64, I64, P]
+    c.mk_nest.argtypes = [I64, P, P, P, P, P, P, I64, P, P]
+    c.mk_nest.restype = I64
+    c.mk_stage_stats.argtypes = [I64, I64] + [P] * 13
+    c.mk_stage_stats.restype = I64
+    c.mk_overlaps.argtypes = [I64, P, P, P, P]
+    c.mk_overlaps.restype = I64
+    c.mk_latest_before.argtypes = [I64, P, I64, P, P, P, P, P]
+    c.mk_latest_before.restype = I64
+    return c
+
+
+def ptr(a: np.ndarray | None):
+    return None if a is None else a.ctypes.data
+
+
+def c_array(a: np.ndarray, dtype) -> np.ndarray:
+    """a as a C-contiguous array of dtype (no copy where it already is one)."""
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def decode_leaves(file: np.ndarray, leaves: np.ndarray, page_size: int, usable: int,
+                  fields: list[int]):
+    """The columns of nsys_pages' output from these leaf pages of the mapped file, and the
+    (offset, length) of each distinct text by code (code 0 is ""); None where the file holds
+    something the C decoder does not take (the caller reads it through SQLite)."""
+    c = lib()
+    leaves = c_array(leaves, np.int64)
+    n_max = c.mk_count_cells(ptr(file), len(file), ptr(leaves), len(leaves), page_size)
+    if n_max < 0:
+        return None
+    cols = {"start": np.empty(n_max, np.int64), "end": np.empty(n_max, np.int64),
+            "thread": np.empty(n_max, np.int64), "text_id": np.empty(n_max, np.int64),
+            "event_type": np.empty(n_max, np.int16), "domain": np.empty(n_max, np.int64),
+            "text_code": np.empty(n_max, np.int32)}
+    want = np.array(fields, np.int64)
+    ctx = c.mk_ctx_new()
+    if not ctx:
+        raise MemoryError
+    try:
+        n = c.mk_decode(ctx, ptr(file), len(file), ptr(leaves), len(leaves), page_size, usable,
+                        ptr(want), n_max, *(ptr(cols[k]) for k in (
+                            "start", "end", "thread", "text_id", "event_type", "domain",
+                            "text_code")))
+        if n == -2:
+            raise MemoryError
+        if n < 0:
+            return None
+        sizes = np.zeros(2, np.int64)
+        c.mk_ctx_sizes(ctx, ptr(sizes))
+        toff, tlen = np.empty(sizes[0], np.int64), np.empty(sizes[0], np.int32)
+        xpos, xthr = np.empty(sizes[1], np.int64), np.empty(sizes[1], np.int64)
+        c.mk_ctx_copy(ctx, ptr(toff), ptr(tlen), ptr(xpos), ptr(xthr))
+    finally:
+        c.mk_ctx_free(ctx)
+    if n < n_max:
+        cols = {k: v[:n].copy() for k, v in cols.items()}
+    cols["cross_pos"], cols["cross_thread"] = xpos, xthr
+    return cols, toff, tlen
+
+
+def resolve(text_id: np.ndarray, text_code: np.ndarray | None, table: np.ndarray, lo: int,
+            n_ids: int) -> np.ndarray:
+    """nsys._resolve_names' dense lookup: table[text_id - lo] where set, else n_ids + code."""
+    out = np.empty(len(text_id), np.int64)
+    text_id = c_array(text_id, np.int64)
+    codes = None if text_code is None else c_array(text_code, np.int32)
+    table = c_array(table, np.int64)
+    lib().mk_resolve(len(text_id), ptr(text_id), ptr(codes), ptr(table), lo, len(table), n_ids,
+                     ptr(out))
+    return out
+
+
+def nest(thread, sub, start, end, depth, parent, order=None, gid=None, n_groups=0) -> bool:
+    """Fill depth and parent (table.nest's rule); False where the rows must be sorted first
+    (only without `order`)."""
+    thread, start, end, parent = (c_array(a, np.int64) for a in (thread, start, end, parent))
+    sub, depth = c_array(sub, np.int32), c_array(depth, np.int32)
+    rc = lib().mk_nest(len(start), ptr(thread), ptr(sub), ptr(start), ptr(end), ptr(order),
+                       ptr(gid), n_groups, ptr(depth), ptr(parent))
+    if rc == -2:
+        raise MemoryError
+    return rc == 0
+
+
+def stage_stats(sid: np.ndarray, start, end, parent, n_stages: int) -> dict:
+    """Per stage count/total/min/max, child_sum/pairs/parent_total/usual (see the C), and
+    "grouped": the durations by stage, each stage's in row order."""
+    sid = c_array(sid, np.int32)
+    start, end, parent = (c_array(a, np.int64) for a in (start, end, parent))
+    n = len(sid)
+    out = {k: np.empty(n_stages, np.int64) for k in (
+        "count", "total", "min", "max", "child_sum", "pairs", "parent_total", "usual")}
+    grouped = np.empty(n, np.int64)
+    rc = lib().mk_stage_stats(n, n_stages, ptr(sid), ptr(start), ptr(end), ptr(parent),
+                              *(ptr(out[k]) for k in ("count", "total", "min", "max")),
+                              ptr(grouped),
+                              *(ptr(out[k]) for k in ("child_sum", "pairs", "parent_total",
+                                                      "usual")))
+    if rc < 0:
+        raise MemoryError
+    out["grouped"] = grouped
+    return out
+
+
+def overlaps(rows, thread, start, end) -> int | None:
+    """checks._overlapping's count, or None where a thread's rows are not in start order."""
+    rows, thread, start, end = (c_array(a, np.int64) for a in (rows, thread, start, end))
+    got = lib().mk_overlaps(len(rows), ptr(rows), ptr(thread), ptr(start), ptr(end))
+    if got == -2:
+        raise MemoryError
+    return None if got < 0 else int(got)
+
+
+def latest_before(outer, inner, thread, start, end=None) -> np.ndarray | None:
+    """table.latest_before's answer (with `end`: checks._inside's), or None where a thread's
+    outer rows are not in start order."""
+    outer, inner, thread, start = (c_array(a, np.int64) for a in (outer, inner, thread, start))
+    end = None if end is None else c_array(end, np.int64)
+    found = np.empty(len(inner), np.int64)
+    rc = lib().mk_latest_before(len(outer), ptr(outer), len(inner), ptr(inner), ptr(thread),
+                                ptr(start), ptr(end), ptr(found))
+    if rc == -2:
+        raise MemoryError
+    return None if rc < 0 else found
