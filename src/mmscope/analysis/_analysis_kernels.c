@@ -807,3 +807,27 @@ out:
     groups_free(&gs);
     return rc;
 }
+
+/* The distinct values (first appearance first) into out[0, cap); their number, E_NOMEM. */
+API int64_t mk_distinct(int64_t n, const int64_t *values, int64_t cap, int64_t *out)
+{
+    groups_t gs = {0};
+    group_t *g = NULL;
+    int64_t rc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!g || g->thread != values[i]) {
+            g = group_of(&gs, values[i], 0);
+            if (!g) {
+                rc = E_NOMEM;
+                break;
+            }
+        }
+    }
+    if (!rc) {
+        rc = gs.n;
+        for (int64_t k = 0; k < gs.n && k < cap; k++)
+            out[k] = gs.g[k].thread;
+    }
+    groups_free(&gs);
+    return rc;
+}

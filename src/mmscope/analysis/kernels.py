@@ -49,6 +49,8 @@ def _load():
     c.mk_overlaps.restype = I64
     c.mk_latest_before.argtypes = [I64, P, I64, P, P, P, P, P]
     c.mk_latest_before.restype = I64
+    c.mk_distinct.argtypes = [I64, P, I64, P]
+    c.mk_distinct.restype = I64
     return c
 
 
@@ -165,3 +167,16 @@ def latest_before(outer, inner, thread, start, end=None) -> np.ndarray | None:
     if rc == -2:
         raise MemoryError
     return None if rc < 0 else found
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, sorted (for columns with few of them: threads, processes)."""
+    values = c_array(values, np.int64)
+    out = np.empty(64, np.int64)
+    got = lib().mk_distinct(len(values), ptr(values), len(out), ptr(out))
+    if got > len(out):
+        out = np.empty(got, np.int64)
+        got = lib().mk_distinct(len(values), ptr(values), len(out), ptr(out))
+    if got < 0:
+        raise MemoryError
+    return np.sort(out[:got])
