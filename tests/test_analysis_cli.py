@@ -21,6 +21,12 @@ def mmscope(*args, env=None):
                           text=True, env=env, timeout=120)
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Analyses cached by these runs stay in the test's folder (subprocesses inherit it)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
     return F.pipeline_file(tmp_path_factory.mktemp("cli") / "p.sqlite")

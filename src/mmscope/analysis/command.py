@@ -1,11 +1,13 @@
 """`mmscope analyze PROFILE`: the per-stage table, checks, step join and cache benefit of a profile.
 
-Reads nsys SQLite exports, .nsys-rep reports (through nsys) and Chrome traces; heavy imports wait.
+Reads nsys SQLite exports, .nsys-rep reports (through nsys) and Chrome traces; heavy imports wait,
+and a second run on an unchanged file answers from the analysis cache without them.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 
@@ -23,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, metavar="N",
                         help="read an SQLite file through SQLite on N processes (default: read "
                         "its pages directly; SQLite on the free cores where that cannot)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="analyze the file even if the analysis cache holds it (and do not "
+                        "store the result)")
 
 
 def check_regex(pattern: str | None) -> None:
@@ -35,12 +40,18 @@ def check_regex(pattern: str | None) -> None:
 
 
 def run(args) -> int:
-    from mmscope.analysis import load
-    from mmscope.analysis.report import analyze, print_terminal, write_csv
+    from mmscope.analysis import cache
+    from mmscope.analysis.report import Analysis
 
     check_regex(args.filter)
-    table = load(args.profile, workers=args.workers)
-    analysis = analyze(args.profile, table, args.filter)
+    # The key first: a warm run answers before numpy or polars are imported.
+    key = None if args.no_cache else cache.key_for(args.profile, args.filter)
+    doc = cache.read(key)
+    if doc is not None:
+        analysis = Analysis.from_doc(args.profile, doc)
+    else:
+        analysis = compute(args.profile, args.filter, args.workers)
+        cache.write(key, analysis.doc())
     if args.json:
         json.dump(analysis.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -50,11 +61,27 @@ def run(args) -> int:
         _write(args.html, lambda: write_html(analysis, args.html))
         print(f"wrote {args.html}", file=sys.stderr)
     elif args.csv:
+        from mmscope.analysis.report import write_csv
+
         _write(args.csv, lambda: write_csv(analysis, args.csv))
         print(f"wrote {args.csv}", file=sys.stderr)
     else:
+        from mmscope.analysis.report import print_terminal
+
         print_terminal(analysis)
     return 0
+
+
+def compute(path: str, name_filter: str | None, workers: int | None):
+    """Load and analyze the profile in this process (the cache's miss road)."""
+    # numpy's transparent huge pages make each fresh large array wait for the kernel to compact
+    # memory on these shared machines (about 1 s of system time on 10 M rows, measured); the
+    # analysis allocates many short-lived arrays, so plain pages unless the user says otherwise.
+    os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+    from mmscope.analysis import load
+    from mmscope.analysis.report import analyze
+
+    return analyze(path, load(path, workers=workers), name_filter)
 
 
 def _write(path: str, write) -> None:

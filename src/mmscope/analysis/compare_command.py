@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="processes reading a large SQLite file (default: free cores)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="compute both stage tables even where the analysis cache holds them")
 
 
 def _pct(new, base):
@@ -63,14 +65,26 @@ def _movers(rows: list[dict]) -> list[str]:
     return [r["name"] for r in ranked[:MOVED_TOP]]
 
 
-def run(args) -> int:
+def _stages(path: str, name_filter: str | None, workers: int | None, no_cache: bool):
+    """The stage table of a profile: from the analysis cache where `mmscope analyze` left it,
+    else computed (the stage table only; compare stores nothing)."""
+    from mmscope.analysis import cache
+
+    doc = None if no_cache else cache.read(cache.key_for(path, name_filter))
+    if doc is not None:
+        return doc["stages"]
     from mmscope.analysis import load
-    from mmscope.analysis.command import check_regex
     from mmscope.analysis.stats import stage_stats
 
+    return stage_stats(load(path, workers=workers), name_filter)
+
+
+def run(args) -> int:
+    from mmscope.analysis.command import check_regex
+
     check_regex(args.filter)
-    base = stage_stats(load(args.base, workers=args.workers), args.filter)
-    new = stage_stats(load(args.new, workers=args.workers), args.filter)
+    base = _stages(args.base, args.filter, args.workers, args.no_cache)
+    new = _stages(args.new, args.filter, args.workers, args.no_cache)
     result = {"base": args.base, "new": args.new, **compare(base, new)}
     if args.json:
         json.dump(result, sys.stdout, indent=1)

@@ -5,44 +5,71 @@ The JSON holds the same numbers as the table: stages, checks, steps, cache_benef
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import numpy as np
-
-from mmscope.analysis import benefit, checks, stats, steps
-from mmscope.analysis.table import MARK, RangeTable
-
+# Rendering runs on cached analyses too, without numpy: the computing modules load on first use.
 CSV_FIELDS = ("name", "count", "total_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "min_ns",
               "max_ns", "parent", "share_of_parent")
+MAX_POINTS = 20_000  # scatter plots sample down to this many points; reports stay small
 
 
 @dataclass
 class Analysis:
+    """Everything the outputs show; `table` and `pairs` only where computed in this process (an
+    analysis from the cache has the rest: `doc()` is what the cache stores)."""
+
     path: str
-    table: RangeTable
+    profile: dict
     stages: list[dict]
     checks: list[dict]
     steps: dict
     cache_benefit: dict
-    pairs: object  # polars DataFrame of the step join, for the plots
+    plots: dict = field(default_factory=dict)  # sampled points of the HTML report's scatters
+    table: object = None  # RangeTable
+    pairs: object = None  # polars DataFrame of the step join
 
     def to_json(self) -> dict:
-        return {"profile": profile_info(self.path, self.table), "stages": self.stages,
-                "checks": self.checks, "steps": self.steps, "cache_benefit": self.cache_benefit}
+        return {"profile": self.profile, "stages": self.stages, "checks": self.checks,
+                "steps": self.steps, "cache_benefit": self.cache_benefit}
+
+    def doc(self) -> dict:
+        return {**self.to_json(), "plots": self.plots}
+
+    @classmethod
+    def from_doc(cls, path: str, doc: dict) -> "Analysis":
+        """The analysis of a cache entry, under the path the user gave this time."""
+        profile = dict(doc["profile"])
+        profile["path"] = path
+        return cls(path=path, profile=profile, stages=doc["stages"], checks=doc["checks"],
+                   steps=doc["steps"], cache_benefit=doc["cache_benefit"], plots=doc["plots"])
 
 
-def analyze(path: str, table: RangeTable, name_filter: str | None = None) -> Analysis:
+def analyze(path: str, table, name_filter: str | None = None) -> Analysis:
+    from mmscope.analysis import benefit, checks, stats, steps
+
     pairs = steps.step_join(table)
-    return Analysis(path=path, table=table, stages=stats.stage_stats(table, name_filter),
+    return Analysis(path=path, profile=profile_info(path, table), table=table,
+                    stages=stats.stage_stats(table, name_filter),
                     checks=checks.run_all(table, pairs), steps=steps.summary(table, pairs),
-                    cache_benefit=benefit.cache_benefit(table), pairs=pairs)
+                    cache_benefit=benefit.cache_benefit(table), pairs=pairs,
+                    plots=plot_points(table, pairs))
 
 
-def profile_info(path: str, table: RangeTable) -> dict:
-    import polars as pl
+def profile_info(path: str, table) -> dict:
+    import numpy as np
+
+    from mmscope.analysis import kernels
+    from mmscope.analysis.table import MARK
 
     n = len(table)
-    threads = pl.Series(table.thread).unique().to_numpy() if n else np.zeros(0, np.int64)
+    if n == 0:
+        threads = np.zeros(0, np.int64)
+    elif kernels.lib() is not None:
+        threads = kernels.distinct(table.thread)
+    else:
+        import polars as pl
+
+        threads = pl.Series(table.thread).unique().to_numpy()
     return {"path": path, "format": table.source, "ranges": n,
             "marks": int((table.kind == MARK).sum()),
             "unclosed": int(table.unclosed.sum()),
@@ -50,6 +77,33 @@ def profile_info(path: str, table: RangeTable) -> dict:
             "threads": len(threads),
             "processes": len(np.unique((threads >> 24) & 0xFFFFFF)),
             "span_ns": int(table.end.max() - table.start.min()) if n else 0}
+
+
+def sample(n: int):
+    """Positions of at most MAX_POINTS of n points, in order (the same ones every run)."""
+    import numpy as np
+
+    if n <= MAX_POINTS:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(0).choice(n, MAX_POINTS, replace=False))
+
+
+def plot_points(table, pairs) -> dict:
+    """The points the HTML report plots, as plain lists (they go into the cache as JSON):
+    forward time against the step's tokens, and per preprocess step its time and encoder time."""
+    from mmscope.analysis import benefit
+
+    out: dict = {"forward": None, "encoder": None}
+    if pairs is not None and len(pairs):
+        idx = sample(len(pairs))
+        out["forward"] = {k: pairs[k].to_numpy()[idx].tolist()
+                          for k in ("total", "forward_ns", "prefill", "decode")}
+    pre, enc = benefit.encoder_per_step(table)
+    if len(pre):
+        idx = sample(len(pre))
+        out["encoder"] = {"step": idx.tolist(), "preprocess_ns": table.duration[pre][idx].tolist(),
+                          "encoder_ns": enc[idx].tolist()}
+    return out
 
 
 def write_csv(analysis: Analysis, path: str) -> None:
@@ -82,7 +136,7 @@ def make_console():
 
 def print_terminal(analysis: Analysis, console=None) -> None:
     console = console or make_console()
-    info = profile_info(analysis.path, analysis.table)
+    info = analysis.profile
     console.print(f"[bold]{info['path']}[/bold]  {info['format']}  {info['ranges']} ranges, "
                   f"{info['threads']} threads, {info['processes']} processes, "
                   f"span {fmt_ns(info['span_ns'])}"

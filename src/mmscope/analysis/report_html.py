@@ -8,13 +8,9 @@ import base64
 import html
 import io
 
-import numpy as np
-
 from mmscope import stages
-from mmscope.analysis import benefit, steps
-from mmscope.analysis.report import Analysis, fmt_ns, profile_info
+from mmscope.analysis.report import Analysis, fmt_ns
 
-MAX_POINTS = 20_000  # scatter plots sample down to this many points; the file stays small
 TOP_STAGES = 25
 
 
@@ -27,13 +23,13 @@ def render(analysis: Analysis) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
-    info = profile_info(analysis.path, analysis.table)
+    info = analysis.profile
     parts = [f"<h1>mmscope analyze: {html.escape(info['path'])}</h1>",
              f"<p>{html.escape(info['format'])}: {info['ranges']} ranges, {info['threads']} "
              f"threads, {info['processes']} processes, span {fmt_ns(info['span_ns'])}</p>",
              "<h2>Stages</h2>", _img(_plot_stages(analysis.stages)), _stage_table(analysis.stages),
              "<h2>Checks</h2>", _checks(analysis.checks),
-             "<h2>Forward time against batch shape</h2>", _img(_plot_forward(analysis.pairs)),
+             "<h2>Forward time against batch shape</h2>", _img(_plot_forward(analysis.plots.get("forward"))),
              "<h2>Encoder time per step</h2>", _img(_plot_encoder(analysis))]
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>mmscope report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
@@ -91,21 +87,18 @@ def _plot_stages(rows: list[dict]):
     return fig
 
 
-def _sample(n: int) -> np.ndarray:
-    if n <= MAX_POINTS:
-        return np.arange(n)
-    return np.sort(np.random.default_rng(0).choice(n, MAX_POINTS, replace=False))
-
-
-def _plot_forward(pairs):
+def _plot_forward(points: dict | None):
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    if pairs is None or len(pairs) == 0:
+    from mmscope.analysis import steps
+
+    if not points:
         return None
-    idx = _sample(len(pairs))
-    total = pairs["total"].to_numpy()[idx]
-    fwd = pairs["forward_ns"].to_numpy()[idx] / 1e3
-    kinds = steps.kind_of(pairs["prefill"].to_numpy()[idx], pairs["decode"].to_numpy()[idx])
+    total = np.array(points["total"], np.int64)
+    fwd = np.array(points["forward_ns"], np.int64) / 1e3
+    kinds = steps.kind_of(np.array(points["prefill"], np.int64),
+                          np.array(points["decode"], np.int64))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for kind, color in (("prefill", "#cc6677"), ("decode", "#4477aa"), ("mixed", "#228833"),
                         ("idle", "#999999")):
@@ -120,16 +113,18 @@ def _plot_forward(pairs):
 
 def _plot_encoder(analysis: Analysis):
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    pre, enc = benefit.encoder_per_step(analysis.table)
-    if len(pre) == 0:
+    points = analysis.plots.get("encoder")
+    if not points:
         return None
-    idx = _sample(len(pre))
-    pre_us = analysis.table.duration[pre][idx] / 1e3
+    idx = np.array(points["step"], np.int64)
+    pre_us = np.array(points["preprocess_ns"], np.int64) / 1e3
+    enc = np.array(points["encoder_ns"], np.int64)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.scatter(idx, pre_us, s=5, alpha=0.4, color="#999999", label=stages.PREPROCESS)
-    ran = enc[idx] > 0
-    ax.scatter(idx[ran], enc[idx][ran] / 1e3, s=6, alpha=0.6, color="#cc6677",
+    ran = enc > 0
+    ax.scatter(idx[ran], enc[ran] / 1e3, s=6, alpha=0.6, color="#cc6677",
                label=f"{stages.VIT_FORWARD} inside it")
     ax.set_xlabel(f"step ('{stages.PREPROCESS}' range, time order)")
     ax.set_ylabel("time (µs)")

@@ -1,0 +1,84 @@
+"""The analysis cache: a second `mmscope analyze` of an unchanged file answers from a stored result.
+
+Imports nothing heavy, so that a warm run never loads numpy or polars; any unreadable entry is a miss.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+
+# Bumped whenever what an entry holds, or how any number in it is computed, changes.
+FORMAT = 1
+HEAD_BYTES = 4096  # hashed into the key: an SQLite header changes on every write transaction
+
+
+def directory() -> str:
+    """$XDG_CACHE_HOME/mmscope/analyze, or ~/.cache/mmscope/analyze (XDG: relative paths are
+    ignored)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mmscope", "analyze")
+
+
+def key_for(path: str, name_filter: str | None) -> dict | None:
+    """What an entry for this file and these options must match; None where the file cannot be
+    keyed (a folder of traces, an unreadable file: the analysis itself says what is wrong)."""
+    from mmscope import __version__
+
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        if not os.path.isfile(real):
+            return None
+        with open(real, "rb") as f:
+            head = hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()
+    except (OSError, ValueError):
+        return None
+    return {"format": FORMAT, "mmscope": __version__, "path": real, "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
+            "device": st.st_dev, "head_sha256": head, "filter": name_filter}
+
+
+def _entry_path(key: dict) -> str:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return os.path.join(directory(), digest + ".json")
+
+
+def read(key: dict | None) -> dict | None:
+    """The stored analysis for this key, or None: absent, unreadable, corrupt or another key."""
+    if key is None:
+        return None
+    try:
+        with open(_entry_path(key), encoding="utf-8") as f:
+            entry = json.load(f)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(entry, dict) or entry.get("key") != key:
+        return None
+    doc = entry.get("analysis")
+    needed = ("profile", "stages", "checks", "steps", "cache_benefit", "plots")
+    if not isinstance(doc, dict) or not all(k in doc for k in needed):
+        return None
+    return doc
+
+
+def write(key: dict | None, doc: dict) -> None:
+    """Store the analysis; a cache that cannot be written is skipped without a word."""
+    if key is None:
+        return
+    target = _entry_path(key)
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"key": key, "analysis": doc}, f, separators=(",", ":"))
+            os.replace(tmp, target)  # readers see the whole entry or none
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except (OSError, TypeError, ValueError):
+        pass
