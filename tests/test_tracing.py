@@ -202,3 +202,30 @@ def test_nvtx_backend_through_a_real_nvtx_tool(tmp_path):
         assert outer[1] <= inner[1] <= mark[1] <= mark[2] <= inner[2] <= outer[2]
         assert mark[2] - mark[1] < 1_000_000  # a push and an immediate pop
         assert outer[2] - outer[1] >= 10_000_000
+
+
+def test_chrome_keeps_nanoseconds_and_thread_ids_exactly(tmp_path):
+    from mmscope.tracing.chrome import ChromeTraceWriter
+
+    path = str(tmp_path / "t.trace.json")
+    writer = ChromeTraceWriter(path)
+    writer.complete('quote " and \\ name', 1_234_567_891, 1_234_569_000)
+    writer.complete("zero", 5, 5)
+    other = []
+
+    def on_thread():
+        other.append(threading.get_native_id())
+        writer.complete("elsewhere", 7_000, 9_001)
+
+    t = threading.Thread(target=on_thread, name="worker-x")
+    t.start()
+    t.join()
+    writer.close()
+    text = open(path).read()
+    assert '"ts":1234567.891,"dur":1.109' in text and '"ts":0.005,"dur":0.000' in text
+    doc = json.loads(text)  # closed: strict JSON
+    events = {e["name"]: e for e in doc if e["ph"] == "X"}
+    assert events['quote " and \\ name']["tid"] == threading.get_native_id()
+    assert events["elsewhere"]["tid"] == other[0] != threading.get_native_id()
+    names = {e["tid"]: e["args"]["name"] for e in doc if e["name"] == "thread_name"}
+    assert names[other[0]] == "worker-x"

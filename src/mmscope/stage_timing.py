@@ -28,6 +28,10 @@ class StageCollector:
         else:
             self.dropped += 1
 
+    @property
+    def pending(self) -> bool:
+        return bool(self._durations)
+
     def drain(self) -> dict[str, list[int]]:
         durations, self._durations = self._durations, {}
         return durations

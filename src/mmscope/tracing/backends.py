@@ -69,17 +69,17 @@ class ChromeBackend:
 
     def __init__(self, trace_dir: str):
         self.writer = ChromeTraceWriter.for_process(trace_dir)
-        self._now = self.writer.now
+        self._now, self._complete = self.writer.now, self.writer.complete
 
     def begin(self, name: str) -> int:
         return self._now()  # the token is the start time
 
     def end(self, name: str, token: int) -> None:
-        self.writer.complete(name, token, self.writer.now())
+        self._complete(name, token, self._now())
 
     def mark(self, name: str) -> None:
-        t = self.writer.now()
-        self.writer.complete(name, t, t)
+        t = self._now()
+        self._complete(name, t, t)
 
     def flush(self) -> None:
         self.writer.flush()

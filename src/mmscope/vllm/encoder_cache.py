@@ -154,7 +154,9 @@ def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=
     for eco in (outputs or {}).values():
         stats = getattr(eco, "scheduler_stats", None)
         if stats is not None:
-            stats.encoder_cache_stats = ledger_of(scheduler.encoder_cache_manager).drain().to_wire()
+            news = ledger_of(scheduler.encoder_cache_manager).drain_news()
+            if news is not None:  # None: nothing new, the field stays None and costs nothing
+                stats.encoder_cache_stats = news.to_wire()
             if pending:
                 stats.mm_stage_durations = pending
                 scheduler._mmscope_stage_durations = {}

@@ -190,11 +190,17 @@ def step_shape_seen(runner, scheduler_output, num_scheduled_tokens, *args, **kwa
 
 def attach_worker_timings(output, runner, *args, **kwargs) -> None:
     """Worker stage durations ride to EngineCore on the step's ModelRunnerOutput (pickled whole
-    between processes, so an extra attribute survives)."""
-    if output is not None and hasattr(output, "__dict__"):
-        durations = WORKER.drain()
-        if durations:
-            output._mmscope_stage_durations = durations
+    between processes, so an extra attribute survives). vLLM's shared empty output is never
+    written to: the durations wait for the next real one."""
+    if WORKER.pending and output is not None and hasattr(output, "__dict__") \
+            and output is not _empty_output():
+        output._mmscope_stage_durations = WORKER.drain()
+
+
+@functools.cache
+def _empty_output():
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
+    return EMPTY_MODEL_RUNNER_OUTPUT
 
 
 # --- vLLM's own ranges into mmscope's backends -------------------------------------------------

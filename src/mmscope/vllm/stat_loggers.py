@@ -4,8 +4,12 @@ Formatting only; the counting happened in EngineCore (`encoder_cache.py`).
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import logging
+import math
 import threading
+from collections import Counter
 
 from mmscope.accounting import SOURCES, EncoderCacheStats
 from mmscope.stage_timing import FRONTEND, merge
@@ -117,9 +121,42 @@ class EncoderCacheProm:
         if engine_idx not in self.labelvalues:
             return
         for stage, ns in durations.items():
-            observe = self._child(engine_idx, "stage_seconds", stage).observe
-            for d in ns:
-                observe(d / 1e9)
+            observe_many(self._child(engine_idx, "stage_seconds", stage), ns)
+
+
+def _threshold_ns(bound: float) -> int:
+    """The largest integer d with d / 1e9 <= bound: integer durations then land in the bucket
+    Histogram.observe(d / 1e9) would put them in."""
+    if math.isinf(bound):
+        return 2**63
+    d = round(bound * 1e9)
+    while d / 1e9 > bound:
+        d -= 1
+    while (d + 1) / 1e9 <= bound:
+        d += 1
+    return d
+
+
+THRESHOLDS_NS = tuple(_threshold_ns(b) for b in (*STAGE_BUCKETS, math.inf))
+_bucket_of = functools.partial(bisect.bisect_left, THRESHOLDS_NS)
+
+
+def observe_many(child, durations_ns: list[int]) -> None:
+    """Histogram.observe for a batch: bucket counts by bisection (in C), then one increment per
+    bucket touched, instead of a locked increment and a linear bucket search per value. Falls
+    back to observe() where the child is not prometheus_client's Histogram (e.g. Ray's)."""
+    buckets, total = getattr(child, "_buckets", None), getattr(child, "_sum", None)
+    if total is None or buckets is None or len(buckets) != len(THRESHOLDS_NS):
+        for d in durations_ns:
+            child.observe(d / 1e9)
+        return
+    total.inc(sum(durations_ns) / 1e9)
+    if len(durations_ns) < 16:  # a step's worth: a Counter would cost more than it saves
+        for d in durations_ns:
+            buckets[_bucket_of(d)].inc(1)
+        return
+    for i, n in Counter(map(_bucket_of, durations_ns)).items():
+        buckets[i].inc(n)
 
 
 # --- PrometheusStatLogger hooks ---------------------------------------------------------------
@@ -138,9 +175,9 @@ def prom_recorded(result, prom_logger, scheduler_stats, iteration_stats=None,
     if stats is not None:
         prom.observe(stats, engine_idx)
     # API-server stages were timed in this process; worker stages came with the stats.
-    durations = merge(FRONTEND.drain(), getattr(scheduler_stats, STAGES_FIELD, None))
-    if durations:
-        prom.observe_stages(durations, engine_idx)
+    worker = getattr(scheduler_stats, STAGES_FIELD, None)
+    if worker or FRONTEND.pending:
+        prom.observe_stages(merge(FRONTEND.drain(), worker), engine_idx)
 
 
 # --- LoggingStatLogger hooks: the windowed rate and the log-line suffix -----------------------
@@ -149,12 +186,18 @@ def log_recorded(result, log_logger, scheduler_stats, iteration_stats=None,
     stats = stats_of(scheduler_stats)
     if stats is None or not stats.queries:
         return
-    from vllm.v1.metrics.stats import BaseCacheStats, CachingMetrics
-
+    BaseCacheStats, CachingMetrics = _vllm_cache_stats()
     window = log_logger.__dict__.get("_mmscope_window")
     if window is None:
         window = log_logger._mmscope_window = CachingMetrics()  # same window as the MM cache rate
     window.observe(BaseCacheStats(requests=stats.requests, queries=stats.queries, hits=stats.hits))
+
+
+@functools.cache
+def _vllm_cache_stats():
+    # Imported on first use, not at plugin load: vLLM may still be importing itself then.
+    from vllm.v1.metrics.stats import BaseCacheStats, CachingMetrics
+    return BaseCacheStats, CachingMetrics
 
 
 _logging_now = threading.local()

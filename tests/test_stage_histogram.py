@@ -1,0 +1,53 @@
+"""The stage-duration histogram's batch path: the same exposition as one observe() per value."""
+from __future__ import annotations
+
+import random
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from mmscope.vllm import stat_loggers as sl
+
+
+def _exposition(registry) -> list[str]:
+    return [line for line in generate_latest(registry).decode().splitlines()
+            if "_created" not in line]
+
+
+def _histogram():
+    registry = CollectorRegistry()
+    return registry, Histogram("stage_seconds", "d", ["stage"], buckets=sl.STAGE_BUCKETS,
+                               registry=registry).labels("s")
+
+
+def _durations(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    # Values on and right next to every bucket bound, where float and integer comparisons
+    # could disagree, plus a spread of ordinary ones up to 20 s.
+    edges = [round(b * 1e9) + d for b in sl.STAGE_BUCKETS for d in (-1, 0, 1)]
+    return [rng.choice(edges) if rng.random() < 0.5 else rng.randint(0, 20 * 10**9)
+            for _ in range(n)]
+
+
+def test_bucket_counts_equal_observe_for_small_and_large_batches():
+    for n in (1, 3, 15, 16, 500):
+        ref_registry, ref = _histogram()
+        registry, child = _histogram()
+        values = _durations(n, seed=n)
+        for d in values:
+            ref.observe(d / 1e9)
+        sl.observe_many(child, values)
+        ours, theirs = _exposition(registry), _exposition(ref_registry)
+        assert [l for l in ours if "_sum" not in l] == [l for l in theirs if "_sum" not in l]
+        total = next(float(l.split()[-1]) for l in ours if "_sum" in l)
+        assert abs(total - sum(values) / 1e9) <= 1e-9 * max(1.0, total)
+
+
+def test_a_child_without_prometheus_internals_gets_plain_observe():
+    seen = []
+
+    class RayLikeHistogram:  # vLLM's Ray wrappers expose observe() only
+        def observe(self, value):
+            seen.append(value)
+
+    sl.observe_many(RayLikeHistogram(), [1_500, 2_000_000_000])
+    assert seen == [1.5e-6, 2.0]
