@@ -69,6 +69,7 @@ def main() -> None:
     configs = configurations(args.by_feature)
     instrumentor = get_instrumentor()
     times: dict[str, list[float]] = {name: [] for name in configs}
+    cpu: dict[str, list[float]] = {name: [] for name in configs}
     tokens = 0
     with tempfile.TemporaryDirectory() as trace_dir:
         llm.generate([prompt([image(1)], "warm-up")] * 4, sp, use_tqdm=False)
@@ -82,21 +83,45 @@ def main() -> None:
                          for i in range(args.requests)]
                 apply(instrumentor, left_out, spec, trace_dir)
                 gc.collect()  # no collection debt carried from one configuration to the next
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 outs = llm.generate(batch, sp, use_tqdm=False)
                 times[name].append(time.perf_counter() - t)
+                cpu[name].append(time.process_time() - c)
                 tokens = sum(len(o.outputs[0].token_ids) for o in outs)
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
         apply(instrumentor, None, "off", trace_dir)
-    base_t = statistics.median(times["without mmscope"])
-    print(f"{'configuration':36} {'batch ms':>9} {'tokens/s':>9} {'images/s':>9} {'vs bare':>8}")
-    for name, ts in times.items():
-        t = statistics.median(ts)
-        print(f"{name:36} {t * 1000:9.1f} {tokens / t:9.0f} {args.requests / t:9.1f} "
-              f"{(t / base_t - 1) * 100:+7.1f}%")
-    print(f"(median of {args.rounds} interleaved rounds; each a batch of {args.requests} image "
-          f"requests, 16 tokens each; one in-process engine)")
+    report(times, cpu, tokens, args)
 
+
+def paired(ts: list[float], base: list[float]) -> list[float]:
+    """Per-round ratios to the bare run of the same round: slow drifts of the machine cancel."""
+    return [t / b - 1 for t, b in zip(ts, base)]
+
+
+def interval(ratios: list[float], rng: random.Random, n: int = 2000) -> tuple[float, float]:
+    """A 90% bootstrap interval of the median ratio: how far the figure could move by chance."""
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
+    return meds[int(0.05 * n)], meds[int(0.95 * n)]
+
+
+def report(times, cpu, tokens, args) -> None:
+    rng = random.Random(0)
+    base_t, base_c = times["without mmscope"], cpu["without mmscope"]
+    print(f"{'configuration':36} {'batch ms':>9} {'tokens/s':>9} {'images/s':>9} "
+          f"{'wall vs bare [90% interval]':>29} {'CPU vs bare [90% interval]':>28}")
+    for name in times:
+        t = statistics.median(times[name])
+        cells = []
+        for series, base in ((times[name], base_t), (cpu[name], base_c)):
+            ratios = paired(series, base)
+            lo, hi = interval(ratios, rng)
+            cells.append(f"{statistics.median(ratios) * 100:+6.1f}% [{lo * 100:+5.1f}, "
+                         f"{hi * 100:+5.1f}]")
+        print(f"{name:36} {t * 1000:9.1f} {tokens / t:9.0f} {args.requests / t:9.1f} "
+              f"{cells[0]:>29} {cells[1]:>28}")
+    print(f"(medians over {args.rounds} interleaved rounds of per-round ratios to the bare run; "
+          f"each a batch of {args.requests} image requests, 16 tokens each; one in-process "
+          f"engine; CPU = process time of all its threads)")
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,146 @@
+"""Where mmscope's cost inside the engine goes, by sampling: the tiny-model workload of
+plugin_overhead.py runs under py-spy, and the samples that land in mmscope's code are its cost.
+
+A share of samples moves far less with the other load on a shared machine than a throughput
+ratio does, so it resolves what plugin_overhead.py's ±2% cannot (DESIGN §8).
+
+Run: .venv/bin/python bench/plugin_profile.py [--batches 40] [--rate 1000] [--top 12]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYSPY_VENV = Path(os.environ.get("MMSCOPE_PYSPY_VENV", "/tmp/mmscope-pyspy-venv"))
+ENGINE_FRAME = "generate (vllm/entrypoints/llm.py"
+# Which part of mmscope a sampled frame belongs to, by file.
+PARTS = {"patching.py": "hook wrappers (mechanics)", "encoder_cache.py": "accounting",
+         "accounting.py": "accounting", "access_log.py": "accounting",
+         "stat_loggers.py": "metrics (Prometheus, log line)", "ranges.py": "stage ranges",
+         "stage_timing.py": "stage timing", "telemetry.py": "step telemetry",
+         "tracing/": "tracing backends"}
+
+
+def pyspy() -> str:
+    """py-spy from PATH, or from its own venv (created and filled from PyPI when missing)."""
+    found = shutil.which("py-spy") or (PYSPY_VENV / "bin" / "py-spy")
+    if Path(found).exists():
+        return str(found)
+    print(f"installing py-spy into {PYSPY_VENV}", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", str(PYSPY_VENV)], check=True)
+    subprocess.run([str(PYSPY_VENV / "bin" / "pip"), "install", "--quiet", "py-spy"], check=True)
+    return str(PYSPY_VENV / "bin" / "py-spy")
+
+
+def workload(spec: str, batches: int) -> None:
+    """The child: plugin_overhead.py's batches, all with mmscope on and tracing `spec`."""
+    sys.path.insert(0, str(ROOT))
+    from vllm import SamplingParams
+
+    from mmscope import tiny_model, tracing
+    from mmscope.vllm import ranges
+    from tests.vllm_kit import image, offline_llm, prompt
+
+    llm = offline_llm(tiny_model.build(tiny_model.default_dir()), max_num_seqs=16)
+    sp = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    tracing.configure(spec, tempfile.mkdtemp(prefix="mmscope-profile-"))
+    ranges.route_vllm_ranges()
+    llm.generate([prompt([image(1)], "warm-up")] * 4, sp, use_tqdm=False)
+    for b in range(batches):
+        base = 100_000 * (b + 1)
+        llm.generate([prompt([image(base + (i // 2 if i % 2 else i))], f"Question {i}?")
+                      for i in range(48)], sp, use_tqdm=False)
+
+
+def ours(frame: str) -> bool:
+    return "mmscope/" in frame and "bench/" not in frame
+
+
+def engine_side(frame: str) -> bool:
+    return "(vllm/" in frame or "(torch/" in frame
+
+
+def attribute(raw: Path) -> dict:
+    """Engine-thread samples, and those whose innermost frame that is either mmscope's or the
+    engine's is mmscope's (so prometheus_client or logging called by mmscope count as mmscope)."""
+    engine = 0
+    mine: collections.Counter = collections.Counter()
+    parts: collections.Counter = collections.Counter()
+    other_threads = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n, frames = int(count), stack.split(";")
+        if ENGINE_FRAME not in stack:
+            if any(ours(f) for f in frames) and "Thread._bootstrap" in frames[0]:
+                other_threads += n  # e.g. the chrome flusher: holds the GIL while formatting
+            continue
+        engine += n
+        for f in reversed(frames):
+            if ours(f):
+                mine[f.split(" (")[0]] += n
+                path = f.split("(", 1)[1]
+                parts[next((p for k, p in PARTS.items() if k in path), "other")] += n
+                break
+            if engine_side(f):
+                break
+    return {"engine": engine, "mine": mine, "parts": parts, "other_threads": other_threads}
+
+
+def profile(spec: str, batches: int, rate: int, spy: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "samples.txt"
+        cmd = [spy, "record", "--nonblocking", "-r", str(rate), "-f", "raw", "-o", str(raw),
+               "--", sys.executable, __file__, "--workload", spec, "--batches", str(batches)]
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        t = time.perf_counter()
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0 or not raw.exists():
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"profile of tracing={spec} failed: {tail}")
+        result = attribute(raw)
+        result["wall"] = time.perf_counter() - t
+        return result
+
+
+def report(spec: str, r: dict, top: int) -> None:
+    engine, total = r["engine"], sum(r["mine"].values())
+    print(f"\ntracing={spec}: {engine} engine-thread samples in {r['wall']:.0f} s; mmscope "
+          f"{total} = {100 * total / engine:.2f}% of the engine thread"
+          + (f"; other mmscope threads (GIL held) {r['other_threads']} = "
+             f"{100 * r['other_threads'] / engine:.2f}%" if r["other_threads"] else ""))
+    for part, n in r["parts"].most_common():
+        print(f"  {part:34} {100 * n / engine:6.2f}%")
+    print(f"  top functions (share of the engine thread):")
+    for fn, n in r["mine"].most_common(top):
+        print(f"    {100 * n / engine:5.2f}%  {fn}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--batches", type=int, default=40)
+    ap.add_argument("--rate", type=int, default=1000, help="samples per second")
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--workload", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.workload:
+        return workload(args.workload, args.batches)
+    spy = pyspy()
+    print(f"py-spy {subprocess.run([spy, '--version'], capture_output=True, text=True).stdout.split()[-1]}"
+          f", {args.rate} samples/s, {args.batches} batches of 48 image requests (16 tokens each), "
+          f"one in-process engine, mmscope on")
+    for spec in ("off", "chrome"):
+        report(spec, profile(spec, args.batches, args.rate, spy), args.top)
+
+
+if __name__ == "__main__":
+    main()
