@@ -207,3 +207,21 @@ def test_analysis_json_is_the_same_on_both_roads(tmp_path, numpy_road, make):
         failing = {c["name"] for c in doc["checks"] if not c["ok"]}
         assert any("disjoint" in n for n in failing) and any("never contains" in n
                                                              for n in failing)
+
+
+def test_step_meta_parser_matches_the_regex():
+    from mmscope.analysis import steps
+
+    names = [stages.step_meta_range(stages.StepShape(8, 0, 8, 1)), "step_meta: prefill=007 "
+             "decode=1 total=8 reqs=2", "step_meta: prefill=1 decode=2 total=3 reqs=", "forward",
+             "step_meta: prefill=1 decode=2 total=3 reqs=4 ", "step_meta: prefill=1 decode=2",
+             "", "step_meta: prefill=1 decode=2 total=3 reqs=4x", "step_meta:  prefill=1 "
+             "decode=2 total=3 reqs=4", "step_meta: prefill=1 decode=2 total=3 reqs=4\r",
+             "step_meta: prefill=123456789012345678 decode=0 total=0 reqs=0",
+             "x step_meta: prefill=1 decode=2 total=3 reqs=4"]
+    text = "\n".join(names)
+    assert kernels.parse_step_meta(text, len(names)).tolist() == \
+        steps._parse_regex(names, text).tolist()
+    long = names + ["step_meta: prefill=1234567890123456789 decode=0 total=0 reqs=0"]
+    assert kernels.parse_step_meta("\n".join(long), len(long)) is None
+    assert steps._parse_shapes(long).tolist() == [list(steps._shape_of(n)) for n in long]

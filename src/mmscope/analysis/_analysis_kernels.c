@@ -831,3 +831,94 @@ API int64_t mk_distinct(int64_t n, const int64_t *values, int64_t cap, int64_t *
     groups_free(&gs);
     return rc;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * steps._parse_joined for the regex ^step_meta: prefill=(\d+) decode=(\d+) total=(\d+) reqs=(\d+)$
+ * over n lines of ASCII text joined by '\n' (the caller checks both, and that the regex is this
+ * one): per line its four numbers, or -1s where the line does not match. Numbers of more than 18
+ * digits return -1 (the caller parses those names one by one).
+ */
+static int64_t digits(const char **p, const char *end)
+{
+    const char *q = *p;
+    int64_t v = 0;
+    int n = 0;
+    while (q < end && *q >= '0' && *q <= '9') {
+        if (++n > 18)
+            return -2;
+        v = v * 10 + (*q++ - '0');
+    }
+    if (!n)
+        return -1;
+    *p = q;
+    return v;
+}
+
+API int64_t mk_parse_step_meta(const char *text, int64_t len, int64_t n_lines, int64_t *out)
+{
+    static const char *const lit[4] = {"step_meta: prefill=", " decode=", " total=", " reqs="};
+    const char *p = text, *stop = text + len;
+    int64_t line = 0;
+    while (line < n_lines) {
+        const char *eol = memchr(p, '\n', stop - p);
+        if (!eol)
+            eol = stop;
+        const char *q = p;
+        int64_t v[4];
+        int ok = 1;
+        for (int k = 0; k < 4 && ok; k++) {
+            size_t m = strlen(lit[k]);
+            if ((size_t)(eol - q) < m || memcmp(q, lit[k], m) != 0) {
+                ok = 0;
+                break;
+            }
+            q += m;
+            v[k] = digits(&q, eol);
+            if (v[k] == -2)
+                return -1;
+            ok = v[k] >= 0;
+        }
+        ok = ok && q == eol;
+        for (int k = 0; k < 4; k++)
+            out[4 * line + k] = ok ? v[k] : -1;
+        line++;
+        if (eol == stop)
+            break;
+        p = eol + 1;
+    }
+    return line == n_lines && p <= stop ? 0 : -1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * RangeTable.rows_named for several name sets in one pass: slot_of[name id] is the set a name
+ * belongs to (-1: none). Without `rows`, counts per set; with it (and those counts), the rows of
+ * each set one after the other, each set's in row order.
+ */
+API void mk_rows_by_slot(int64_t n, const int32_t *name_id, const int32_t *slot_of,
+                         int64_t n_slots, int64_t *counts, int64_t *rows)
+{
+    if (!rows) {
+        for (int64_t k = 0; k < n_slots; k++)
+            counts[k] = 0;
+        for (int64_t i = 0; i < n; i++) {
+            int32_t k = slot_of[name_id[i]];
+            if (k >= 0)
+                counts[k]++;
+        }
+        return;
+    }
+    int64_t *at = malloc((n_slots ? n_slots : 1) * sizeof *at);
+    if (!at)
+        return;
+    for (int64_t k = 0, sum = 0; k < n_slots; k++) {
+        at[k] = sum;
+        sum += counts[k];
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int32_t k = slot_of[name_id[i]];
+        if (k >= 0)
+            rows[at[k]++] = i;
+    }
+    free(at);
+}
+

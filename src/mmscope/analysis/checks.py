@@ -63,12 +63,11 @@ def vit_excludes_save(table: RangeTable) -> dict:
 
 def siblings_disjoint(table: RangeTable) -> dict:
     """No two of the preprocess children overlap on a thread (touching ends are fine)."""
-    import polars as pl
-
     name = "preprocess children are disjoint siblings"
     rows = table.rows_named(*SIBLINGS)
     if _overlapping(table, rows) == 0:
         return _result(name, 0, len(rows), "", "preprocess child ranges")
+    import polars as pl  # only to describe a failure
     df = pl.DataFrame({"r": rows, "t": table.thread[rows], "s": table.start[rows],
                        "e": table.end[rows]}).sort("t", "s", "r")
     df = df.with_columns(prev_end=pl.col("e").cum_max().shift(1).over("t"))
@@ -131,7 +130,7 @@ def step_meta_joined(table: RangeTable, pairs) -> dict:
 
     name = f"every step_meta joins a '{stages.FORWARD}' on its thread"
     metas = step_meta_rows(table)[0]
-    joined = pairs["meta_row"].to_numpy() if len(pairs) else np.zeros(0, np.int64)
+    joined = pairs["meta_row"] if len(pairs) else np.zeros(0, np.int64)
     bad = metas[~np.isin(metas, joined)]
     first = where(table, bad[np.argmin(table.start[bad])]) if len(bad) else ""
     return _result(name, len(bad), len(metas), first, "step_meta ranges")

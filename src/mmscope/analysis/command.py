@@ -78,10 +78,28 @@ def compute(path: str, name_filter: str | None, workers: int | None):
     # memory on these shared machines (about 1 s of system time on 10 M rows, measured); the
     # analysis allocates many short-lived arrays, so plain pages unless the user says otherwise.
     os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+    _keep_freed_memory()
     from mmscope.analysis import load
     from mmscope.analysis.report import analyze
 
     return analyze(path, load(path, workers=workers), name_filter)
+
+
+def _keep_freed_memory() -> None:
+    """glibc: large arrays from the heap, and freed memory kept for the next ones.
+
+    By default every array over 32 MiB is a fresh mmap, and each of its pages faults again
+    (about 470 K page faults and 0.9 s of system time on 10 M rows here, against 300 K and 0.6 s
+    this way, measured, at the same peak RSS). Other C libraries: nothing happens."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):
+        return
+    m_trim_threshold, m_mmap_max = -1, -4
+    mallopt(m_mmap_max, 0)
+    mallopt(m_trim_threshold, 1 << 30)
 
 
 def _write(path: str, write) -> None:

@@ -51,6 +51,9 @@ def _load():
     c.mk_latest_before.restype = I64
     c.mk_distinct.argtypes = [I64, P, I64, P]
     c.mk_distinct.restype = I64
+    c.mk_parse_step_meta.argtypes = [ctypes.c_char_p, I64, I64, P]
+    c.mk_parse_step_meta.restype = I64
+    c.mk_rows_by_slot.argtypes = [I64, P, P, I64, P, P]
     return c
 
 
@@ -180,3 +183,25 @@ def distinct(values: np.ndarray) -> np.ndarray:
     if got < 0:
         raise MemoryError
     return np.sort(out[:got])
+
+
+def parse_step_meta(text: str, n_lines: int) -> np.ndarray | None:
+    """steps._parse_joined's numbers per line of an ASCII text (see the C), or None where a
+    number is too long or the lines are not n_lines."""
+    data = text.encode("ascii")
+    out = np.empty((n_lines, 4), np.int64)
+    if lib().mk_parse_step_meta(data, len(data), n_lines, ptr(out)) != 0:
+        return None
+    return out
+
+
+def rows_by_slot(name_id: np.ndarray, slot_of: np.ndarray, n_slots: int) -> list[np.ndarray]:
+    """For each slot, the rows whose name id maps to it (slot_of[id]; -1: none), in row order."""
+    name_id, slot_of = c_array(name_id, np.int32), c_array(slot_of, np.int32)
+    counts = np.zeros(n_slots, np.int64)
+    lib().mk_rows_by_slot(len(name_id), ptr(name_id), ptr(slot_of), n_slots, ptr(counts), None)
+    rows = np.empty(int(counts.sum()), np.int64)
+    lib().mk_rows_by_slot(len(name_id), ptr(name_id), ptr(slot_of), n_slots, ptr(counts),
+                          ptr(rows))
+    return np.split(rows, np.cumsum(counts)[:-1])
+

@@ -44,9 +44,14 @@ def _connect(path: str) -> sqlite3.Connection:
 
 def _load(path: str, workers: int | None, chunk_rows: int) -> tbl.RangeTable:
     con = _connect(path)
+    reader = None
     try:
         name = _nvtx_table(con, path)
         cols = tuple(r[1] for r in con.execute(f"PRAGMA table_info({name})"))
+        pages = _page_layout(con, name, workers)
+        if pages is not None and kernels.lib() is not None:
+            # The C decoder runs without the GIL: the small tables are read meanwhile.
+            reader = _Background(_read_pages, path, pages)
         types = _event_types(con)
         strings = _string_ids(con)
         spec = nsys_scan.Scan(path, name, cols)
@@ -55,15 +60,41 @@ def _load(path: str, workers: int | None, chunk_rows: int) -> tbl.RangeTable:
         hi = con.execute(f"SELECT max(rowid) FROM {name}").fetchone()[0]
         thread_names = _thread_names_table(con, strings)
         process_names = _process_names(con)
-        pages = _page_layout(con, name, workers)
     finally:
         con.close()
-    raw = _read_pages(path, pages) if pages is not None else None
+    if reader is not None:
+        raw = reader.result()
+    else:
+        raw = _read_pages(path, pages) if pages is not None else None
     if raw is None and lo is None:
         raw = nsys_scan.read_range(spec, 0, 0)
     elif raw is None:
         raw = nsys_scan.scan(spec, lo, hi + 1, workers, chunk_rows)
     return _to_table(raw, types, strings, thread_names, process_names)
+
+
+class _Background:
+    """fn(*args) on another thread; result() waits and returns it, or raises what it raised."""
+
+    def __init__(self, fn, *args):
+        import threading
+
+        self._out: list = []
+        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, args):
+        try:
+            self._out.append((True, fn(*args)))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            self._out.append((False, e))
+
+    def result(self):
+        self._thread.join()
+        ok, value = self._out[0]
+        if not ok:
+            raise value
+        return value
 
 
 def _page_layout(con, name: str, workers: int | None):

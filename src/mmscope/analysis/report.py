@@ -26,7 +26,7 @@ class Analysis:
     cache_benefit: dict
     plots: dict = field(default_factory=dict)  # sampled points of the HTML report's scatters
     table: object = None  # RangeTable
-    pairs: object = None  # polars DataFrame of the step join
+    pairs: object = None  # steps.StepPairs
 
     def to_json(self) -> dict:
         return {"profile": self.profile, "stages": self.stages, "checks": self.checks,
@@ -45,8 +45,11 @@ class Analysis:
 
 
 def analyze(path: str, table, name_filter: str | None = None) -> Analysis:
+    from mmscope import stages
     from mmscope.analysis import benefit, checks, stats, steps
 
+    table.find_rows((stages.FORWARD,), (stages.PREPROCESS,), (stages.VIT_FORWARD,),
+                    (stages.EC_SAVE,), checks.SIBLINGS)
     pairs = steps.step_join(table)
     return Analysis(path=path, profile=profile_info(path, table), table=table,
                     stages=stats.stage_stats(table, name_filter),
@@ -96,7 +99,7 @@ def plot_points(table, pairs) -> dict:
     out: dict = {"forward": None, "encoder": None}
     if pairs is not None and len(pairs):
         idx = sample(len(pairs))
-        out["forward"] = {k: pairs[k].to_numpy()[idx].tolist()
+        out["forward"] = {k: pairs[k][idx].tolist()
                           for k in ("total", "forward_ns", "prefill", "decode")}
     pre, enc = benefit.encoder_per_step(table)
     if len(pre):

@@ -10,6 +10,7 @@ import re
 import numpy as np
 
 from mmscope import stages
+from mmscope.analysis import kernels
 from mmscope.analysis.table import RangeTable, latest_before
 
 SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
@@ -27,6 +28,8 @@ def _lines_pattern() -> re.Pattern | None:
 
 
 _STEP_META_LINES = _lines_pattern()
+# The step_meta regex the C parser implements (for ASCII lines); any other goes through `re`.
+C_PARSED_RE = r"^step_meta: prefill=(\d+) decode=(\d+) total=(\d+) reqs=(\d+)$"
 
 
 def step_meta_rows(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
@@ -68,6 +71,20 @@ def _parse_joined(names: list[str]) -> np.ndarray | None:
     if (_STEP_META_LINES is None or not names or not text.isascii()
             or text.count("\n") != len(names) - 1):
         return None
+    out = None
+    if kernels.lib() is not None and getattr(stages, "_STEP_META_RE").pattern == C_PARSED_RE:
+        out = kernels.parse_step_meta(text, len(names))
+    if out is None:
+        out = _parse_regex(names, text)
+    if out is None:
+        return None
+    sample = {0, len(names) // 2, len(names) - 1}
+    if any(tuple(out[j].tolist()) != _shape_of(names[j]) for j in sample):
+        return None
+    return out
+
+
+def _parse_regex(names: list[str], text: str) -> np.ndarray | None:
     found = _STEP_META_LINES.findall(text)
     digits = list(itertools.chain.from_iterable(f for f in found if f[0]))
     if len(found) != len(names) or max(map(len, digits), default=0) > 18:
@@ -77,26 +94,40 @@ def _parse_joined(names: list[str]) -> np.ndarray | None:
         return None
     out = np.full((len(names), 4), -1, dtype=np.int64)
     out[np.fromiter((f[0] != "" for f in found), bool, len(found))] = values.reshape(-1, 4)
-    sample = {0, len(names) // 2, len(names) - 1}
-    if any(tuple(out[j].tolist()) != _shape_of(names[j]) for j in sample):
-        return None
     return out
 
 
-def step_join(table: RangeTable):
-    """A polars DataFrame with one row per forward that found a step_meta, in time order."""
-    import polars as pl
+class StepPairs:
+    """The step join's columns (numpy, equal length), one row per joined forward: `len()` is the
+    number of rows and `pairs[name]` a column, as of a DataFrame."""
 
+    COLUMNS = ("forward_row", "meta_row", "thread", "start", "forward_ns") + SHAPE_FIELDS
+
+    def __init__(self, columns: dict[str, np.ndarray]):
+        self._columns = columns
+
+    def __len__(self) -> int:
+        return len(self._columns["forward_row"])
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._columns[name]
+
+
+def step_join(table: RangeTable) -> StepPairs:
+    """One row per forward that found a step_meta, in time order (start, then row)."""
     forwards = table.rows_named(stages.FORWARD)
     metas, shapes = step_meta_rows(table)
     meta_of = latest_before(table, metas, forwards)
     hit = meta_of >= 0
     f, m = forwards[hit], meta_of[hit]
+    start = table.start[f]
+    order = np.argsort(start, kind="stable")  # forwards come in row order: ties stay by row
+    f, m, start = f[order], m[order], start[order]
     shape = shapes[table.name_id[m]]
-    df = pl.DataFrame({"forward_row": f, "meta_row": m, "thread": table.thread[f],
-                       "start": table.start[f], "forward_ns": table.end[f] - table.start[f],
-                       **{k: shape[:, j] for j, k in enumerate(SHAPE_FIELDS)}})
-    return df.sort("start", "forward_row")
+    return StepPairs({"forward_row": f, "meta_row": m, "thread": table.thread[f], "start": start,
+                      "forward_ns": table.end[f] - start,
+                      **{k: np.ascontiguousarray(shape[:, j])
+                         for j, k in enumerate(SHAPE_FIELDS)}})
 
 
 def kind_of(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:
@@ -112,7 +143,11 @@ def summary(table: RangeTable, pairs) -> dict:
     """Counts, unmatched ranges, forward time per step kind and a linear fit against tokens."""
     forwards = len(table.rows_named(stages.FORWARD))
     metas = len(step_meta_rows(table)[0])
-    joined = pairs["meta_row"].n_unique() if len(pairs) else 0
+    joined = 0
+    if len(pairs):
+        seen = np.zeros(len(table), bool)
+        seen[pairs["meta_row"]] = True
+        joined = int(np.count_nonzero(seen))
     out = {"pairs": len(pairs), "forwards": forwards, "step_metas": metas,
            "unmatched_forwards": forwards - len(pairs), "unjoined_step_metas": metas - joined,
            "by_kind": _by_kind(pairs), "fit": _fit(pairs)}
@@ -122,9 +157,8 @@ def summary(table: RangeTable, pairs) -> dict:
 def _by_kind(pairs) -> list[dict]:
     if len(pairs) == 0:
         return []
-    fwd = pairs["forward_ns"].to_numpy()
-    total = pairs["total"].to_numpy()
-    prefill, decode = pairs["prefill"].to_numpy(), pairs["decode"].to_numpy()
+    fwd, total = pairs["forward_ns"], pairs["total"]
+    prefill, decode = pairs["prefill"], pairs["decode"]
     # kind_of's classes as masks (no string per step).
     masks = {"prefill": (prefill > 0) & (decode == 0), "decode": (prefill == 0) & (decode > 0),
              "mixed": (prefill > 0) & (decode > 0)}
@@ -146,8 +180,8 @@ def _fit(pairs) -> dict | None:
     """Least squares forward_ns = intercept + slope * total tokens (None without 2 shapes)."""
     if len(pairs) < 2:
         return None
-    x = pairs["total"].to_numpy().astype(np.float64)
-    y = pairs["forward_ns"].to_numpy().astype(np.float64)
+    x = pairs["total"].astype(np.float64)
+    y = pairs["forward_ns"].astype(np.float64)
     if np.ptp(x) == 0:
         return None
     slope, intercept = np.polyfit(x, y, 1)

@@ -68,6 +68,23 @@ class RangeTable:
             self._cache[key] = self.rows_with_ids(self.ids_of(*wanted))
         return self._cache[key]
 
+    def find_rows(self, *groups: tuple[str, ...]) -> None:
+        """rows_named for each of these name groups at once (one pass where the C kernels
+        are built); later rows_named calls find them."""
+        keys = [("names",) + g for g in groups if ("names",) + g not in self._cache]
+        if not keys or kernels.lib() is None or len(self.names) >= (1 << 31):
+            return
+        slot_of = np.full(len(self.names), -1, np.int32)
+        slots = []
+        for key in keys:
+            ids = self.ids_of(*key[1:])
+            if (slot_of[ids] >= 0).any():  # a name in two groups: those go one by one
+                continue
+            slot_of[ids] = len(slots)
+            slots.append(key)
+        for key, rows in zip(slots, kernels.rows_by_slot(self.name_id, slot_of, len(slots))):
+            self._cache[key] = rows
+
     def rows_with_ids(self, ids: np.ndarray) -> np.ndarray:
         """Row indices whose name id is one of `ids` (a lookup per row, however many ids)."""
         if len(ids) == 0:
