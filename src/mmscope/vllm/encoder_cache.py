@@ -4,6 +4,7 @@ The wrappers never change an argument or a return value; they only read them.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from mmscope import access_log
 from mmscope.accounting import Decision, EncoderCacheLedger, Item, probe_line
 from mmscope.stage_timing import merge
-from mmscope.vllm.patching import logger
+from mmscope.vllm.patching import HookState, logger, observe_around
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
 
@@ -73,17 +74,37 @@ def _probing(request) -> _Probe | None:
 
 
 # --- Scheduler._try_schedule_encoder_inputs: one look at one request's items ------------------
-def begin_probe(scheduler, request, num_computed_tokens, *args, **kwargs) -> _Probe | None:
-    # Called for every running request in every step: decode steps of an image request have
-    # all their items behind them, and must cost next to nothing.
+def items_ahead(request, num_computed_tokens) -> bool:
+    """Whether some multimodal item of the request is not yet behind the computed tokens."""
     features = request.mm_features
     if not features:
-        return None
+        return False
     last = features[-1].mm_position
-    if num_computed_tokens >= last.offset + last.length:
-        return None
+    return num_computed_tokens < last.offset + last.length
+
+
+def begin_probe(scheduler, request, *args, **kwargs) -> _Probe:
     _current.probe = probe = _Probe(request)
     return probe
+
+
+def probe_wrapped(original, state: HookState):
+    """observe_around(begin_probe, end_probe) with the decode-step opt-out inlined: vLLM calls
+    this for every running request in every step, and for a request whose items are all behind
+    it (every decode step) the wrapper should cost one check, not the probe's bookkeeping."""
+    around = observe_around(begin_probe, end_probe)(original, state)
+
+    @functools.wraps(original)
+    def wrapper(scheduler, request, num_computed_tokens, *args, **kwargs):
+        try:
+            ahead = state.enabled and items_ahead(request, num_computed_tokens)
+        except Exception as e:  # noqa: BLE001 - an unexpected request shape turns the hook off
+            state.failed(e)
+            ahead = False
+        if ahead:
+            return around(scheduler, request, num_computed_tokens, *args, **kwargs)
+        return original(scheduler, request, num_computed_tokens, *args, **kwargs)
+    return wrapper
 
 
 def end_probe(probe: _Probe | None, result, scheduler, request, *args, **kwargs) -> None:
