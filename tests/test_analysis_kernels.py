@@ -114,6 +114,10 @@ def test_page_decoder_matches_numpy_and_sqlite(tmp_path, numpy_road, seed, page_
         assert c_out is not None  # ordinary files take the C road
     if c_out is not None:
         assert c_out["texts"] == np_out["texts"]
+        assert c_out.pop("domains_all_zero") == (not np_out["domain"].any())
+        if c_out["text_code"] is None:  # no texts at all: every code 0
+            assert not np_out["text_code"].any()
+            c_out["text_code"] = np_out["text_code"]
         for k in np_out:
             if k != "texts":
                 assert c_out[k].dtype == np_out[k].dtype and np.array_equal(c_out[k], np_out[k]), k

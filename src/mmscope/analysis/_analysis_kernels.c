@@ -28,6 +28,7 @@ typedef struct {
     uint64_t nslot;
     int64_t *xpos, *xthr; /* rows whose range ends on another thread, and that thread */
     int64_t nx, xcap;
+    int64_t n_domain; /* rows with a domain other than 0 */
 } ctx_t;
 
 API ctx_t *mk_ctx_new(void) { return calloc(1, sizeof(ctx_t)); }
@@ -48,6 +49,7 @@ API void mk_ctx_sizes(const ctx_t *c, int64_t *out)
 {
     out[0] = c->nt;
     out[1] = c->nx;
+    out[2] = c->n_domain;
 }
 
 API void mk_ctx_copy(const ctx_t *c, int64_t *toff, int32_t *tlen, int64_t *xpos, int64_t *xthr)
@@ -233,7 +235,7 @@ API int64_t mk_count_cells(const uint8_t *file, int64_t file_size, const int64_t
 
 /* Decode every record of the leaf pages, in order, into the columns (nsys_scan's coalesce()s
  * applied). `fields` holds the record position of each N_WANTED column, -1 where the table has
- * none. Returns the number of rows, or a negative error. */
+ * none; `domain` and `tcode` must come zeroed. Returns the number of rows, or a negative error. */
 API int64_t mk_decode(ctx_t *ctx, const uint8_t *file, int64_t file_size, const int64_t *leaves,
                       int64_t n_leaves, int64_t page_size, int64_t usable, const int64_t *fields,
                       int64_t cap, int64_t *start, int64_t *end, int64_t *thread,
@@ -279,8 +281,8 @@ API int64_t mk_decode(ctx_t *ctx, const uint8_t *file, int64_t file_size, const 
                 break;
             }
             int64_t hend = rec + (int64_t)hsize, body = hend;
-            uint64_t wt[N_WANTED];
-            int64_t wo[N_WANTED];
+            uint64_t wt[N_WANTED] = {0};
+            int64_t wo[N_WANTED] = {0};
             for (int64_t j = 0; j < nf; j++) {
                 uint64_t t = 0;
                 if (hpos < hend) {
@@ -324,7 +326,10 @@ API int64_t mk_decode(ctx_t *ctx, const uint8_t *file, int64_t file_size, const 
             end[row] = null[F_END] ? v[F_START] - 1 : v[F_END];
             thread[row] = null[F_GTID] ? 0 : v[F_GTID];
             text_id[row] = null[F_TEXTID] ? -1 : v[F_TEXTID];
-            domain[row] = null[F_DOMAIN] ? 0 : v[F_DOMAIN];
+            if (!null[F_DOMAIN] && v[F_DOMAIN]) { /* zeroed by the caller: untouched pages */
+                domain[row] = v[F_DOMAIN];        /* stay unmapped where every domain is 0 */
+                ctx->n_domain++;
+            }
             etype[row] = (int16_t)v[F_ETYPE];
             int64_t code = 0;
             if (fields[F_TEXT] >= 0) {
@@ -341,7 +346,8 @@ API int64_t mk_decode(ctx_t *ctx, const uint8_t *file, int64_t file_size, const 
                     }
                 }
             }
-            tcode[row] = (int32_t)code;
+            if (code)
+                tcode[row] = (int32_t)code;
             if (cross && !null[F_EGTID] && !null[F_GTID] && v[F_EGTID] != v[F_GTID]
                 && add_cross(ctx, row, v[F_EGTID])) {
                 rc = E_NOMEM;
@@ -522,10 +528,12 @@ static int nest_one(group_t *g, int64_t i, const int64_t *start, const int64_t *
 
 /* With order == NULL, rows in row order, grouped by (thread, sub) here; returns 1 where a
  * group's rows are not in (start, end descending) order, so the caller sorts. With an order,
- * `gid` holds each row's group (0 <= gid < n_groups). 0 when done, E_NOMEM. */
-API int64_t mk_nest(int64_t n, const int64_t *thread, const int32_t *sub, const int64_t *start,
-                    const int64_t *end, const int64_t *order, const int64_t *gid, int64_t n_groups,
-                    int32_t *depth, int64_t *parent)
+ * `gid` holds each row's group (0 <= gid < n_groups). Without `sub`, each row's is
+ * (domain << 1) | (kind == start_end), as table.build forms it. 0 when done, E_NOMEM. */
+API int64_t mk_nest(int64_t n, const int64_t *thread, const int32_t *sub, const int32_t *domain,
+                    const int8_t *kind, int8_t start_end, const int64_t *start, const int64_t *end,
+                    const int64_t *order, const int64_t *gid, int64_t n_groups, int32_t *depth,
+                    int64_t *parent)
 {
     groups_t gs = {0};
     int64_t rc = 0;
@@ -543,8 +551,10 @@ API int64_t mk_nest(int64_t n, const int64_t *thread, const int32_t *sub, const 
     } else {
         group_t *g = NULL;
         for (int64_t i = 0; i < n && !rc; i++) {
-            if (!g || g->thread != thread[i] || g->sub != sub[i]) {
-                g = group_of(&gs, thread[i], sub[i]);
+            /* without `sub`, table.build's (domain_id << 1) | (kind == START_END) */
+            int32_t sb = sub ? sub[i] : (int32_t)(((uint32_t)domain[i] << 1) | (kind[i] == start_end));
+            if (!g || g->thread != thread[i] || g->sub != sb) {
+                g = group_of(&gs, thread[i], sb);
                 if (!g) {
                     rc = E_NOMEM;
                     break;

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import mmap
 import os
 
 import numpy as np
@@ -41,7 +42,7 @@ def _load():
     c.mk_decode.argtypes = [P, P, I64, P, I64, I64, I64, P, I64] + [P] * 7
     c.mk_decode.restype = I64
     c.mk_resolve.argtypes = [I64, P, P, P, I64, I64, I64, P]
-    c.mk_nest.argtypes = [I64, P, P, P, P, P, P, I64, P, P]
+    c.mk_nest.argtypes = [I64, P, P, P, P, ctypes.c_int8, P, P, P, P, I64, P, P]
     c.mk_nest.restype = I64
     c.mk_stage_stats.argtypes = [I64, I64] + [P] * 13
     c.mk_stage_stats.restype = I64
@@ -66,11 +67,19 @@ def c_array(a: np.ndarray, dtype) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
+def fresh_zeros(n: int, dtype) -> np.ndarray:
+    """np.zeros from pages of their own: the kernel's zero pages, touched only where written
+    (np.zeros may reuse freed heap memory and clear all of it)."""
+    size = max(n * np.dtype(dtype).itemsize, 1)
+    return np.frombuffer(mmap.mmap(-1, size), dtype, n)
+
+
 def decode_leaves(file: np.ndarray, leaves: np.ndarray, page_size: int, usable: int,
                   fields: list[int]):
     """The columns of nsys_pages' output from these leaf pages of the mapped file, and the
     (offset, length) of each distinct text by code (code 0 is ""); None where the file holds
-    something the C decoder does not take (the caller reads it through SQLite)."""
+    something the C decoder does not take (the caller reads it through SQLite). Two
+    shortcuts: "text_code" is None where no row has a text, and "domains_all_zero" says so."""
     c = lib()
     leaves = c_array(leaves, np.int64)
     n_max = c.mk_count_cells(ptr(file), len(file), ptr(leaves), len(leaves), page_size)
@@ -78,8 +87,9 @@ def decode_leaves(file: np.ndarray, leaves: np.ndarray, page_size: int, usable: 
         return None
     cols = {"start": np.empty(n_max, np.int64), "end": np.empty(n_max, np.int64),
             "thread": np.empty(n_max, np.int64), "text_id": np.empty(n_max, np.int64),
-            "event_type": np.empty(n_max, np.int16), "domain": np.empty(n_max, np.int64),
-            "text_code": np.empty(n_max, np.int32)}
+            "event_type": np.empty(n_max, np.int16),
+            # Zeroed, and written only where not 0: pages of all-zero columns are never touched.
+            "domain": fresh_zeros(n_max, np.int64), "text_code": fresh_zeros(n_max, np.int32)}
     want = np.array(fields, np.int64)
     ctx = c.mk_ctx_new()
     if not ctx:
@@ -93,7 +103,7 @@ def decode_leaves(file: np.ndarray, leaves: np.ndarray, page_size: int, usable: 
             raise MemoryError
         if n < 0:
             return None
-        sizes = np.zeros(2, np.int64)
+        sizes = np.zeros(3, np.int64)
         c.mk_ctx_sizes(ctx, ptr(sizes))
         toff, tlen = np.empty(sizes[0], np.int64), np.empty(sizes[0], np.int32)
         xpos, xthr = np.empty(sizes[1], np.int64), np.empty(sizes[1], np.int64)
@@ -103,14 +113,18 @@ def decode_leaves(file: np.ndarray, leaves: np.ndarray, page_size: int, usable: 
     if n < n_max:
         cols = {k: v[:n].copy() for k, v in cols.items()}
     cols["cross_pos"], cols["cross_thread"] = xpos, xthr
+    if len(toff) == 0:
+        cols["text_code"] = None  # no texts: every code 0, and the zero pages stay unread
+    cols["domains_all_zero"] = sizes[2] == 0
     return cols, toff, tlen
 
 
 def resolve(text_id: np.ndarray, text_code: np.ndarray | None, table: np.ndarray, lo: int,
             n_ids: int) -> np.ndarray:
-    """nsys._resolve_names' dense lookup: table[text_id - lo] where set, else n_ids + code."""
-    out = np.empty(len(text_id), np.int64)
+    """nsys._resolve_names' dense lookup: table[text_id - lo] where set, else n_ids + code;
+    over text_id itself where that is a C int64 array (the caller gives it up)."""
     text_id = c_array(text_id, np.int64)
+    out = text_id  # in place: each row reads its id, then writes its code
     codes = None if text_code is None else c_array(text_code, np.int32)
     table = c_array(table, np.int64)
     lib().mk_resolve(len(text_id), ptr(text_id), ptr(codes), ptr(table), lo, len(table), n_ids,
@@ -118,13 +132,21 @@ def resolve(text_id: np.ndarray, text_code: np.ndarray | None, table: np.ndarray
     return out
 
 
-def nest(thread, sub, start, end, depth, parent, order=None, gid=None, n_groups=0) -> bool:
+def nest(thread, sub, start, end, depth, parent, order=None, gid=None, n_groups=0,
+         domain_kind=None) -> bool:
     """Fill depth and parent (table.nest's rule); False where the rows must be sorted first
-    (only without `order`)."""
-    thread, start, end, parent = (c_array(a, np.int64) for a in (thread, start, end, parent))
-    sub, depth = c_array(sub, np.int32), c_array(depth, np.int32)
-    rc = lib().mk_nest(len(start), ptr(thread), ptr(sub), ptr(start), ptr(end), ptr(order),
-                       ptr(gid), n_groups, ptr(depth), ptr(parent))
+    (only without `order`). `domain_kind` = (domain_id, kind, START_END) stands for
+    sub = (domain_id << 1) | (kind == START_END), without that array."""
+    thread, start, end = (c_array(a, np.int64) for a in (thread, start, end))
+    sub = None if sub is None else c_array(sub, np.int32)
+    domain = kind = None
+    start_end = 0
+    if domain_kind is not None:
+        domain, kind, start_end = domain_kind
+        domain, kind = c_array(domain, np.int32), c_array(kind, np.int8)
+    rc = lib().mk_nest(len(start), ptr(thread), ptr(sub), ptr(domain), ptr(kind), start_end,
+                       ptr(start), ptr(end), ptr(order), ptr(gid), n_groups, ptr(depth),
+                       ptr(parent))
     if rc == -2:
         raise MemoryError
     return rc == 0

@@ -51,7 +51,7 @@ def _load(path: str, workers: int | None, chunk_rows: int) -> tbl.RangeTable:
         pages = _page_layout(con, name, workers)
         if pages is not None and kernels.lib() is not None:
             # The C decoder runs without the GIL: the small tables are read meanwhile.
-            reader = _Background(_read_pages, path, pages)
+            reader = Background(_read_pages, path, pages)
         types = _event_types(con)
         strings = _string_ids(con)
         spec = nsys_scan.Scan(path, name, cols)
@@ -73,7 +73,7 @@ def _load(path: str, workers: int | None, chunk_rows: int) -> tbl.RangeTable:
     return _to_table(raw, types, strings, thread_names, process_names)
 
 
-class _Background:
+class Background:
     """fn(*args) on another thread; result() waits and returns it, or raises what it raised."""
 
     def __init__(self, fn, *args):
@@ -170,8 +170,11 @@ def _to_table(raw: dict, types: dict[int, str], strings: dict[int, str],
     kind_of = {i: KIND_OF_TYPE[n] for i, n in types.items() if n in KIND_OF_TYPE}
     end_thread = raw["thread"].copy()
     end_thread[raw.pop("cross_pos")] = raw.pop("cross_thread")
+    domains_all_zero = raw.pop("domains_all_zero", False)  # the C decoder knows it
     cols = {"start": raw.pop("start"), "end": raw.pop("end"), "thread": raw.pop("thread"),
-            "domain": raw.pop("domain"), "name": name_code, "end_thread": end_thread}
+            "name": name_code, "end_thread": end_thread}
+    if not domains_all_zero:
+        cols["domain"] = raw.pop("domain")
     del name_code, end_thread
     keep = _isin_small(event_type, list(kind_of))
     if not keep.all():  # metadata rows (domains, thread names, categories) leave the table
@@ -182,7 +185,10 @@ def _to_table(raw: dict, types: dict[int, str], strings: dict[int, str],
     for type_id, k in kind_of.items():
         kind[event_type == type_id] = k
     del event_type, keep
-    domain_id, domains = _domain_ids(cols["thread"], cols.pop("domain"), domain_names)
+    if domains_all_zero:
+        domain_id, domains = np.zeros(len(kind), np.int32), [""]
+    else:
+        domain_id, domains = _domain_ids(cols["thread"], cols.pop("domain"), domain_names)
     return tbl.build(raw_names=names, name_id=cols.pop("name"), start=cols.pop("start"),
                      end=cols.pop("end"), kind=kind, thread=cols.pop("thread"),
                      end_thread=cols.pop("end_thread"), domain_id=domain_id, domains=domains,
@@ -194,14 +200,17 @@ def _resolve_names(text_id: np.ndarray, text_codes, texts: list[str], strings: d
     """Name per row: the registered string (textId -> StringIds) if any, else the text."""
     ids = np.array(sorted(strings), dtype=np.int64)
     names = [strings[i] for i in ids.tolist()] + list(texts)
-    fallback = len(ids) + (text_codes.astype(np.int64) if text_codes is not None
+
+    def fallback():
+        return len(ids) + (text_codes.astype(np.int64) if text_codes is not None
                            else np.zeros(len(text_id), np.int64))
+
     if len(ids) == 0:
-        return names, fallback
+        return names, fallback()
     lo, span = int(ids[0]), int(ids[-1]) - int(ids[0]) + 1
     if span > max(4 * len(ids), 1 << 20):  # sparse ids: search them
         pos = np.minimum(np.searchsorted(ids, text_id), len(ids) - 1)
-        return names, np.where(ids[pos] == text_id, pos, fallback)
+        return names, np.where(ids[pos] == text_id, pos, fallback())
     # Dense ids (nsys numbers its strings 1, 2, ...): one table lookup per row.
     table = np.full(span, -1, np.int64)
     table[ids - lo] = np.arange(len(ids))
@@ -215,7 +224,7 @@ def _resolve_names(text_id: np.ndarray, text_codes, texts: list[str], strings: d
     pos[outside] = -1
     del outside
     missing = pos < 0
-    pos[missing] = fallback[missing]
+    pos[missing] = fallback()[missing]
     return names, pos
 
 

@@ -46,16 +46,23 @@ class Analysis:
 
 def analyze(path: str, table, name_filter: str | None = None) -> Analysis:
     from mmscope import stages
-    from mmscope.analysis import benefit, checks, stats, steps
+    from mmscope.analysis import benefit, checks, kernels, stats, steps
+    from mmscope.analysis.nsys import Background
 
+    # The stage table reads the table and nothing the rest writes: on the other core (its C
+    # kernel and numpy drop the GIL) while this thread does the step join and the checks.
+    stage_rows = (Background(stats.stage_stats, table, name_filter) if kernels.lib() is not None
+                  else None)
     table.find_rows((stages.FORWARD,), (stages.PREPROCESS,), (stages.VIT_FORWARD,),
                     (stages.EC_SAVE,), checks.SIBLINGS)
     pairs = steps.step_join(table)
-    return Analysis(path=path, profile=profile_info(path, table), table=table,
-                    stages=stats.stage_stats(table, name_filter),
-                    checks=checks.run_all(table, pairs), steps=steps.summary(table, pairs),
-                    cache_benefit=benefit.cache_benefit(table), pairs=pairs,
-                    plots=plot_points(table, pairs))
+    out = Analysis(path=path, profile=profile_info(path, table), table=table, stages=[],
+                   checks=checks.run_all(table, pairs), steps=steps.summary(table, pairs),
+                   cache_benefit=benefit.cache_benefit(table), pairs=pairs,
+                   plots=plot_points(table, pairs))
+    out.stages = (stage_rows.result() if stage_rows is not None
+                  else stats.stage_stats(table, name_filter))
+    return out
 
 
 def profile_info(path: str, table) -> dict:

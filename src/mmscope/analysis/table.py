@@ -138,9 +138,13 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
     name_id = mapping.astype(np.int32)[np.asarray(name_id)] if n else np.zeros(0, np.int32)
     end, unclosed = _close(start, end, kind)
     # Start/end ranges overlap freely, so they nest among themselves, apart from push/pop stacks.
-    sub = (domain_id << 1) | (kind == START_END)
-    depth, parent = nest(thread, sub, start, end)
-    del sub
+    if kernels.lib() is not None and len(start):
+        depth, parent = _nest_c(thread, None, start, end, np.empty(n, np.int32),
+                                np.empty(n, np.int64), domain_kind=(domain_id, kind, START_END))
+    else:
+        sub = (domain_id << 1) | (kind == START_END)
+        depth, parent = nest(thread, sub, start, end)
+        del sub
     return RangeTable(
         name_id=name_id,
         start=start, end=end, kind=kind, thread=thread, end_thread=end_thread,
@@ -178,7 +182,7 @@ def nest(thread: np.ndarray, sub: np.ndarray, start: np.ndarray, end: np.ndarray
     if n == 0:
         return depth, parent
     if kernels.lib() is not None:
-        return _nest_c(thread, sub, start, end, depth, parent)
+        return _nest_c(thread, kernels.c_array(sub, np.int32), start, end, depth, parent)
     g = _group_index(thread, sub)
     ks_row, ke_row = _packed_keys(g, start, end)
     order, ks = _sort_order(ks_row, ke_row, g)
@@ -208,13 +212,17 @@ def nest(thread: np.ndarray, sub: np.ndarray, start: np.ndarray, end: np.ndarray
     return depth, parent
 
 
-def _nest_c(thread, sub, start, end, depth, parent):
+def _nest_c(thread, sub, start, end, depth, parent, domain_kind=None):
     """nest() in C: one pass in row order where each (thread, sub) group's rows are in start
-    order already (as profiles list them), else a pass in the order numpy sorts."""
+    order already (as profiles list them), else a pass in the order numpy sorts. Without
+    `sub`, `domain_kind` gives it (see kernels.nest)."""
     thread, start, end = (kernels.c_array(a, np.int64) for a in (thread, start, end))
-    sub = kernels.c_array(sub, np.int32)
-    if kernels.nest(thread, sub, start, end, depth, parent):
+    if kernels.nest(thread, sub, start, end, depth, parent, domain_kind=domain_kind):
         return depth, parent
+    if sub is None:
+        domain_id, kind, start_end = domain_kind
+        sub = (domain_id.astype(np.int32) << 1) | (kind == start_end)
+    sub = kernels.c_array(sub, np.int32)
     g = _group_index(thread, sub)
     ks_row, ke_row = _packed_keys(g, start, end)
     order, _ = _sort_order(ks_row, ke_row, g)
