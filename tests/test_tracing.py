@@ -229,3 +229,37 @@ def test_chrome_keeps_nanoseconds_and_thread_ids_exactly(tmp_path):
     assert events["elsewhere"]["tid"] == other[0] != threading.get_native_id()
     names = {e["tid"]: e["args"]["name"] for e in doc if e["name"] == "thread_name"}
     assert names[other[0]] == "worker-x"
+
+
+def test_chrome_loses_no_event_appended_while_flushing(tmp_path):
+    from mmscope.tracing.chrome import ChromeTraceWriter
+
+    path = str(tmp_path / "t.trace.json")
+    writer = ChromeTraceWriter(path)
+    per_thread, stop = 20_000, threading.Event()
+
+    def produce(k):
+        for i in range(per_thread):
+            writer.complete(f"t{k}", i, i + 1)
+
+    def flush_all_the_time():
+        while not stop.is_set():
+            writer.flush()
+
+    flusher = threading.Thread(target=flush_all_the_time)
+    flusher.start()
+    producers = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
+    for t in producers:
+        t.start()
+    for t in producers:
+        t.join()
+    stop.set()
+    flusher.join()
+    writer.close()
+    doc = json.loads(open(path).read())
+    counts = {}
+    for e in doc:
+        if e["ph"] == "X":
+            counts[e["name"]] = counts.get(e["name"], 0) + 1
+    assert counts == {f"t{k}": per_thread for k in range(4)}
+    assert len([e for e in doc if e["name"] == "thread_name"]) == 4
