@@ -1,4 +1,4 @@
-"""The analysis cache: a second `mmscope analyze` answers from it, and only while the file is unchanged.
+"""The analysis cache: a second `mmscope analyze` answers from it, while the file is unchanged.
 
 Every test has its own XDG_CACHE_HOME; "answered from the cache" means the analysis did not run.
 """

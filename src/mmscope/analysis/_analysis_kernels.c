@@ -1,4 +1,4 @@
-/* The analyzer's hot loops in C, loaded with ctypes (mmscope/analysis/kernels.py) over numpy buffers.
+/* The analyzer's hot loops in C, loaded with ctypes (mmscope/analysis/kernels.py) on numpy arrays.
  *
  * Each kernel does exactly what the numpy code it stands in for does (nsys_pages.py, table.nest,
  * stats, checks._overlapping), in one linear pass where numpy needs many full-size temporaries;
@@ -363,8 +363,8 @@ API int64_t mk_decode(ctx_t *ctx, const uint8_t *file, int64_t file_size, const 
  * Text ids -> name codes (nsys._resolve_names' dense table): the registered string's position,
  * else n_ids + the row's text code.
  */
-API void mk_resolve(int64_t n, const int64_t *text_id, const int32_t *text_code, const int64_t *table,
-                    int64_t lo, int64_t span, int64_t n_ids, int64_t *out)
+API void mk_resolve(int64_t n, const int64_t *text_id, const int32_t *text_code,
+                    const int64_t *table, int64_t lo, int64_t span, int64_t n_ids, int64_t *out)
 {
     for (int64_t i = 0; i < n; i++) {
         uint64_t at = (uint64_t)(text_id[i] - lo);
@@ -552,7 +552,8 @@ API int64_t mk_nest(int64_t n, const int64_t *thread, const int32_t *sub, const 
         group_t *g = NULL;
         for (int64_t i = 0; i < n && !rc; i++) {
             /* without `sub`, table.build's (domain_id << 1) | (kind == START_END) */
-            int32_t sb = sub ? sub[i] : (int32_t)(((uint32_t)domain[i] << 1) | (kind[i] == start_end));
+            int32_t sb = sub ? sub[i]
+                             : (int32_t)(((uint32_t)domain[i] << 1) | (kind[i] == start_end));
             if (!g || g->thread != thread[i] || g->sub != sb) {
                 g = group_of(&gs, thread[i], sb);
                 if (!g) {

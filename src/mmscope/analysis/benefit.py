@@ -31,16 +31,25 @@ def encoder_per_step(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
 
 def _encoder_per_step(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
     pre = table.rows_named(stages.PREPROCESS)
-    pre = pre[np.argsort(table.start[pre], kind="stable")]
+    begin = table.start[pre]
+    if len(pre) > 1 and (begin[1:] < begin[:-1]).any():  # exports list rows in time order
+        pre = pre[np.argsort(begin, kind="stable")]
     vit = table.rows_named(stages.VIT_FORWARD)
     host = _inside(table, pre, vit)
     enc = np.zeros(len(pre), dtype=np.int64)
     inside = host >= 0
     if inside.any():
-        by_row = np.argsort(pre)
-        slot = by_row[np.searchsorted(pre, host[inside], sorter=by_row)]
+        if len(pre) < 2 or (pre[1:] > pre[:-1]).all():  # still in row order
+            slot = np.searchsorted(pre, host[inside])
+        else:
+            by_row = np.argsort(pre)
+            slot = by_row[np.searchsorted(pre, host[inside], sorter=by_row)]
         v = vit[inside]
-        np.add.at(enc, slot, table.end[v] - table.start[v])
+        dur = table.end[v] - table.start[v]
+        if int(np.abs(dur).sum()) < (1 << 53):  # float64 adds these integers exactly
+            enc += np.bincount(slot, weights=dur, minlength=len(pre)).astype(np.int64)
+        else:
+            np.add.at(enc, slot, dur)
     return pre, enc
 
 

@@ -1,6 +1,6 @@
 """The analysis cache: a second `mmscope analyze` of an unchanged file answers from a stored result.
 
-Imports nothing heavy, so that a warm run never loads numpy or polars; any unreadable entry is a miss.
+Imports nothing heavy, so a warm run never loads numpy or polars; an unreadable entry is a miss.
 """
 from __future__ import annotations
 

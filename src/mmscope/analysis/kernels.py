@@ -58,6 +58,31 @@ def _load():
     return c
 
 
+class Background:
+    """fn(*args) on another thread; result() waits and returns it, or raises what it raised.
+    For the kernels: a ctypes call drops the GIL, so C runs beside this thread's Python."""
+
+    def __init__(self, fn, *args):
+        import threading
+
+        self._out: list = []
+        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, args):
+        try:
+            self._out.append((True, fn(*args)))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            self._out.append((False, e))
+
+    def result(self):
+        self._thread.join()
+        ok, value = self._out[0]
+        if not ok:
+            raise value
+        return value
+
+
 def ptr(a: np.ndarray | None):
     return None if a is None else a.ctypes.data
 

@@ -51,7 +51,7 @@ def _load(path: str, workers: int | None, chunk_rows: int) -> tbl.RangeTable:
         pages = _page_layout(con, name, workers)
         if pages is not None and kernels.lib() is not None:
             # The C decoder runs without the GIL: the small tables are read meanwhile.
-            reader = Background(_read_pages, path, pages)
+            reader = kernels.Background(_read_pages, path, pages)
         types = _event_types(con)
         strings = _string_ids(con)
         spec = nsys_scan.Scan(path, name, cols)
@@ -71,30 +71,6 @@ def _load(path: str, workers: int | None, chunk_rows: int) -> tbl.RangeTable:
     elif raw is None:
         raw = nsys_scan.scan(spec, lo, hi + 1, workers, chunk_rows)
     return _to_table(raw, types, strings, thread_names, process_names)
-
-
-class Background:
-    """fn(*args) on another thread; result() waits and returns it, or raises what it raised."""
-
-    def __init__(self, fn, *args):
-        import threading
-
-        self._out: list = []
-        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn, args):
-        try:
-            self._out.append((True, fn(*args)))
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            self._out.append((False, e))
-
-    def result(self):
-        self._thread.join()
-        ok, value = self._out[0]
-        if not ok:
-            raise value
-        return value
 
 
 def _page_layout(con, name: str, workers: int | None):
@@ -176,15 +152,12 @@ def _to_table(raw: dict, types: dict[int, str], strings: dict[int, str],
     if not domains_all_zero:
         cols["domain"] = raw.pop("domain")
     del name_code, end_thread
-    keep = _isin_small(event_type, list(kind_of))
-    if not keep.all():  # metadata rows (domains, thread names, categories) leave the table
-        rows = np.flatnonzero(keep)
+    kind = _kinds(event_type, kind_of)  # -1: a metadata row
+    del event_type
+    if len(kind) and kind.min() < 0:  # metadata rows (domains, thread names, categories) leave
+        rows = np.flatnonzero(kind >= 0)
         cols = {k: v[rows] for k, v in cols.items()}
-        event_type = event_type[rows]
-    kind = np.zeros(len(event_type), np.int8)
-    for type_id, k in kind_of.items():
-        kind[event_type == type_id] = k
-    del event_type, keep
+        kind = kind[rows]
     if domains_all_zero:
         domain_id, domains = np.zeros(len(kind), np.int32), [""]
     else:
@@ -228,11 +201,14 @@ def _resolve_names(text_id: np.ndarray, text_codes, texts: list[str], strings: d
     return names, pos
 
 
-def _isin_small(values: np.ndarray, wanted: list[int]) -> np.ndarray:
-    """np.isin for int16 event types: one lookup per row."""
-    table = np.zeros(1 << 16, bool)
-    table[[w & 0xFFFF for w in wanted if -(1 << 15) <= w < (1 << 15)]] = True
-    return table[values.view(np.uint16)]
+def _kinds(event_type: np.ndarray, kind_of: dict[int, int]) -> np.ndarray:
+    """The range kind of each int16 event type, -1 for the others: one lookup per row (types
+    outside int16 never match, as the SQL readers' int16 event types cannot hold them)."""
+    table = np.full(1 << 16, -1, np.int8)
+    for type_id, k in kind_of.items():
+        if -(1 << 15) <= type_id < (1 << 15):
+            table[type_id & 0xFFFF] = k
+    return table[event_type.view(np.uint16)]
 
 
 def _thread_name_events(raw, event_type, types, names, name_code) -> dict[int, str]:

@@ -47,12 +47,10 @@ class Analysis:
 def analyze(path: str, table, name_filter: str | None = None) -> Analysis:
     from mmscope import stages
     from mmscope.analysis import benefit, checks, kernels, stats, steps
-    from mmscope.analysis.nsys import Background
-
     # The stage table reads the table and nothing the rest writes: on the other core (its C
     # kernel and numpy drop the GIL) while this thread does the step join and the checks.
-    stage_rows = (Background(stats.stage_stats, table, name_filter) if kernels.lib() is not None
-                  else None)
+    stage_rows = (kernels.Background(stats.stage_stats, table, name_filter)
+                  if kernels.lib() is not None else None)
     table.find_rows((stages.FORWARD,), (stages.PREPROCESS,), (stages.VIT_FORWARD,),
                     (stages.EC_SAVE,), checks.SIBLINGS)
     pairs = steps.step_join(table)

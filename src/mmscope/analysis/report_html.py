@@ -29,7 +29,8 @@ def render(analysis: Analysis) -> str:
              f"threads, {info['processes']} processes, span {fmt_ns(info['span_ns'])}</p>",
              "<h2>Stages</h2>", _img(_plot_stages(analysis.stages)), _stage_table(analysis.stages),
              "<h2>Checks</h2>", _checks(analysis.checks),
-             "<h2>Forward time against batch shape</h2>", _img(_plot_forward(analysis.plots.get("forward"))),
+             "<h2>Forward time against batch shape</h2>",
+             _img(_plot_forward(analysis.plots.get("forward"))),
              "<h2>Encoder time per step</h2>", _img(_plot_encoder(analysis))]
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>mmscope report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")

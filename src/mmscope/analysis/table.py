@@ -116,11 +116,17 @@ class RangeTable:
 
 def canonical_names(raw: list[str]) -> tuple[list[str], np.ndarray]:
     """Canonical name list and the map raw id -> canonical id (aliases merge into one name)."""
+    index, mapping = _canonical_index(raw)
+    return list(index), mapping
+
+
+def _canonical_index(raw: list[str]) -> tuple[dict[str, int], np.ndarray]:
+    """{canonical name: id} in first-appearance order, and the map raw id -> canonical id."""
     index: dict[str, int] = {}
     canonical = stages.canonical
     # One list, then one array: a numpy item assignment per name costs more than the lookup.
     codes = [index.setdefault(canonical(name), len(index)) for name in raw]
-    return list(index), np.array(codes, dtype=np.int64).reshape(len(raw))
+    return index, np.array(codes, dtype=np.int64).reshape(len(raw))
 
 
 def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
@@ -134,13 +140,18 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
     n = len(start)
     end_thread = thread.copy() if end_thread is None else np.asarray(end_thread, dtype=np.int64)
     domain_id = np.zeros(n, np.int32) if domain_id is None else np.asarray(domain_id, np.int32)
-    names, mapping = canonical_names(raw_names)
-    name_id = mapping.astype(np.int32)[np.asarray(name_id)] if n else np.zeros(0, np.int32)
     end, unclosed = _close(start, end, kind)
     # Start/end ranges overlap freely, so they nest among themselves, apart from push/pop stacks.
-    if kernels.lib() is not None and len(start):
-        depth, parent = _nest_c(thread, None, start, end, np.empty(n, np.int32),
-                                np.empty(n, np.int64), domain_kind=(domain_id, kind, START_END))
+    nesting = None
+    if kernels.lib() is not None and n:
+        # C without the GIL, while this thread maps the names.
+        nesting = kernels.Background(_nest_c, thread, None, start, end, np.empty(n, np.int32),
+                             np.empty(n, np.int64), (domain_id, kind, START_END))
+    index, mapping = _canonical_index(raw_names)
+    names = list(index)
+    name_id = mapping.astype(np.int32)[np.asarray(name_id)] if n else np.zeros(0, np.int32)
+    if nesting is not None:
+        depth, parent = nesting.result()
     else:
         sub = (domain_id << 1) | (kind == START_END)
         depth, parent = nest(thread, sub, start, end)
@@ -150,7 +161,8 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
         start=start, end=end, kind=kind, thread=thread, end_thread=end_thread,
         domain_id=domain_id, unclosed=unclosed, depth=depth, parent=parent, names=names,
         domains=list(domains or [""]), thread_names=dict(thread_names or {}),
-        process_names=dict(process_names or {}), source=source)
+        process_names=dict(process_names or {}), source=source,
+        _cache={"index": index})  # ids_of's lookup, which profiles with many names pay for
 
 
 def _close(start: np.ndarray, end: np.ndarray, kind: np.ndarray):
