@@ -158,9 +158,8 @@ print(rc, time.perf_counter() - t, hwm(), resource.getrusage(resource.RUSAGE_CHI
 # set up as the command sets up its own (memory settings, then imports).
 PHASES = HWM + """
 import json, os, resource, sys, time
-os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 from mmscope.analysis import command
-command._keep_freed_memory()
+command.prepare_process()
 from mmscope import stages
 from mmscope.analysis import load, stats, steps, checks, benefit, report
 out, t = {}, [time.perf_counter()]

@@ -575,17 +575,19 @@ API int64_t mk_nest(int64_t n, const int64_t *thread, const int32_t *sub, const 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Stage table (stats.stage_stats): exact count/total/min/max per stage, the durations grouped by
- * stage for the caller's selection of percentiles, and the share of parent: per stage the time
- * of the distinct parent ranges its ranges lie in, and the usual parent stage (most distinct
- * parents, ties to the lower stage id).
+ * Stage table (stats.stage_stats), a row's stage being stage_of[name_id[row]]: exact count,
+ * total, min and max per stage, the durations grouped by stage for the caller's selection of
+ * percentiles, and the share of parent: per stage the time of the distinct parent ranges its
+ * ranges lie in, and the usual parent stage (most distinct parents, ties to the lower stage id).
  */
-API int64_t mk_stage_stats(int64_t n, int64_t n_stages, const int32_t *sid, const int64_t *start,
+API int64_t mk_stage_stats(int64_t n, int64_t n_stages, const int32_t *name_id,
+                           const int32_t *stage_of, const int64_t *start,
                            const int64_t *end, const int64_t *parent, int64_t *count,
                            int64_t *total, int64_t *mn, int64_t *mx, int64_t *grouped,
                            int64_t *child_sum, int64_t *pairs, int64_t *parent_total,
                            int64_t *usual)
 {
+#define SID(row) stage_of[name_id[row]]
     int64_t *next = calloc(n_stages + 1, sizeof *next);
     int64_t *rows = n_stages <= 32 ? NULL : malloc((n ? n : 1) * sizeof *rows);
     int32_t *mark = calloc(n ? n : 1, sizeof *mark);
@@ -603,7 +605,7 @@ API int64_t mk_stage_stats(int64_t n, int64_t n_stages, const int32_t *sid, cons
         usual[s] = -1;
     }
     for (int64_t i = 0; i < n; i++) {
-        int32_t s = sid[i];
+        int32_t s = SID(i);
         int64_t d = end[i] - start[i];
         count[s]++;
         total[s] = (int64_t)((uint64_t)total[s] + (uint64_t)d);
@@ -625,7 +627,7 @@ API int64_t mk_stage_stats(int64_t n, int64_t n_stages, const int32_t *sid, cons
         }
         uint32_t *seen = (uint32_t *)mark;
         for (int64_t i = 0; i < n; i++) {
-            int32_t s = sid[i];
+            int32_t s = SID(i);
             int64_t d = end[i] - start[i], p = parent[i];
             grouped[next[s]++] = d;
             if (p < 0)
@@ -637,7 +639,7 @@ API int64_t mk_stage_stats(int64_t n, int64_t n_stages, const int32_t *sid, cons
             pairs[s]++;
             parent_total[s] =
                 (int64_t)((uint64_t)parent_total[s] + (uint64_t)(end[p] - start[p]));
-            vote[s * n_stages + sid[p]]++;
+            vote[s * n_stages + SID(p)]++;
         }
         for (int64_t s = 0; s < n_stages; s++) {
             int64_t best = -1;
@@ -651,7 +653,7 @@ API int64_t mk_stage_stats(int64_t n, int64_t n_stages, const int32_t *sid, cons
         goto out;
     }
     for (int64_t i = 0; i < n; i++) {
-        int64_t k = next[sid[i]]++;
+        int64_t k = next[SID(i)]++;
         rows[k] = i;
         grouped[k] = end[i] - start[i];
     }
@@ -668,8 +670,8 @@ API int64_t mk_stage_stats(int64_t n, int64_t n_stages, const int32_t *sid, cons
             pairs[s]++;
             parent_total[s] =
                 (int64_t)((uint64_t)parent_total[s] + (uint64_t)(end[p] - start[p]));
-            if (votes[sid[p]]++ == 0)
-                touched[nt++] = sid[p];
+            if (votes[SID(p)]++ == 0)
+                touched[nt++] = SID(p);
         }
         int64_t best = -1;
         for (int64_t k = 0; k < nt; k++) {
@@ -689,6 +691,7 @@ out:
     free(votes);
     free(touched);
     return rc;
+#undef SID
 }
 
 /* ---------------------------------------------------------------------------------------------

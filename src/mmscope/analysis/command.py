@@ -74,15 +74,23 @@ def run(args) -> int:
 
 def compute(path: str, name_filter: str | None, workers: int | None):
     """Load and analyze the profile in this process (the cache's miss road)."""
-    # numpy's transparent huge pages make each fresh large array wait for the kernel to compact
-    # memory on these shared machines (about 1 s of system time on 10 M rows, measured); the
-    # analysis allocates many short-lived arrays, so plain pages unless the user says otherwise.
-    os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
-    _keep_freed_memory()
+    prepare_process()
     from mmscope.analysis import load
     from mmscope.analysis.report import analyze
 
     return analyze(path, load(path, workers=workers), name_filter)
+
+
+def prepare_process() -> None:
+    """Settings for a process about to analyze a large profile; before numpy is imported."""
+    # numpy's transparent huge pages make each fresh large array wait for the kernel to compact
+    # memory on these shared machines (about 1 s of system time on 10 M rows, measured); the
+    # analysis allocates many short-lived arrays, so plain pages unless the user says otherwise.
+    os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+    # OpenBLAS's threads spin between calls (about 3 % of the run on 10 M rows, measured with
+    # perf) and the analysis makes one small BLAS call (the step fit): one thread is enough.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    _keep_freed_memory()
 
 
 def _keep_freed_memory() -> None:

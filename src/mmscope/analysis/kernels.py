@@ -44,7 +44,7 @@ def _load():
     c.mk_resolve.argtypes = [I64, P, P, P, I64, I64, I64, P]
     c.mk_nest.argtypes = [I64, P, P, P, P, ctypes.c_int8, P, P, P, P, I64, P, P]
     c.mk_nest.restype = I64
-    c.mk_stage_stats.argtypes = [I64, I64] + [P] * 13
+    c.mk_stage_stats.argtypes = [I64, I64] + [P] * 14
     c.mk_stage_stats.restype = I64
     c.mk_overlaps.argtypes = [I64, P, P, P, P]
     c.mk_overlaps.restype = I64
@@ -177,16 +177,19 @@ def nest(thread, sub, start, end, depth, parent, order=None, gid=None, n_groups=
     return rc == 0
 
 
-def stage_stats(sid: np.ndarray, start, end, parent, n_stages: int) -> dict:
-    """Per stage count/total/min/max, child_sum/pairs/parent_total/usual (see the C), and
-    "grouped": the durations by stage, each stage's in row order."""
-    sid = c_array(sid, np.int32)
+def stage_stats(name_id: np.ndarray, stage_of: np.ndarray, start, end, parent,
+                n_stages: int) -> dict:
+    """Per stage (a row's is stage_of[name_id]) count/total/min/max, child_sum/pairs/
+    parent_total/usual (see the C), and "grouped": the durations by stage, each stage's in row
+    order."""
+    name_id, stage_of = c_array(name_id, np.int32), c_array(stage_of, np.int32)
     start, end, parent = (c_array(a, np.int64) for a in (start, end, parent))
-    n = len(sid)
+    n = len(name_id)
     out = {k: np.empty(n_stages, np.int64) for k in (
         "count", "total", "min", "max", "child_sum", "pairs", "parent_total", "usual")}
     grouped = np.empty(n, np.int64)
-    rc = lib().mk_stage_stats(n, n_stages, ptr(sid), ptr(start), ptr(end), ptr(parent),
+    rc = lib().mk_stage_stats(n, n_stages, ptr(name_id), ptr(stage_of), ptr(start), ptr(end),
+                              ptr(parent),
                               *(ptr(out[k]) for k in ("count", "total", "min", "max")),
                               ptr(grouped),
                               *(ptr(out[k]) for k in ("child_sum", "pairs", "parent_total",

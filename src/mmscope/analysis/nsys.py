@@ -144,8 +144,11 @@ def _to_table(raw: dict, types: dict[int, str], strings: dict[int, str],
     thread_names = {**_thread_name_events(*meta), **thread_names}
     domain_names = _domain_names(*meta)
     kind_of = {i: KIND_OF_TYPE[n] for i, n in types.items() if n in KIND_OF_TYPE}
-    end_thread = raw["thread"].copy()
-    end_thread[raw.pop("cross_pos")] = raw.pop("cross_thread")
+    cross_pos, cross_thread = raw.pop("cross_pos"), raw.pop("cross_thread")
+    end_thread = raw["thread"]  # shared where no range ends on another thread
+    if len(cross_pos):
+        end_thread = end_thread.copy()
+        end_thread[cross_pos] = cross_thread
     domains_all_zero = raw.pop("domains_all_zero", False)  # the C decoder knows it
     cols = {"start": raw.pop("start"), "end": raw.pop("end"), "thread": raw.pop("thread"),
             "name": name_code, "end_thread": end_thread}
@@ -156,7 +159,10 @@ def _to_table(raw: dict, types: dict[int, str], strings: dict[int, str],
     del event_type
     if len(kind) and kind.min() < 0:  # metadata rows (domains, thread names, categories) leave
         rows = np.flatnonzero(kind >= 0)
-        cols = {k: v[rows] for k, v in cols.items()}
+        shared = cols["end_thread"] is cols["thread"]
+        cols = {k: v[rows] for k, v in cols.items() if not (shared and k == "end_thread")}
+        if shared:
+            cols["end_thread"] = cols["thread"]
         kind = kind[rows]
     if domains_all_zero:
         domain_id, domains = np.zeros(len(kind), np.int32), [""]

@@ -32,10 +32,10 @@ def stage_stats(table: RangeTable, name_filter: str | None = None) -> list[dict]
     names, mapping = stage_names(table.names)
     if len(table) == 0:
         return []
-    sid = mapping[table.name_id]
     if kernels.lib() is not None:
-        base, pct, parent_name, share = _stats_c(table, sid, names)
+        base, pct, parent_name, share = _stats_c(table, mapping, names)
     else:
+        sid = mapping[table.name_id]
         dur = table.duration
         base = _aggregates(sid, dur, len(names))
         pct = _percentiles(sid, dur, base["count"])
@@ -56,12 +56,11 @@ def stage_stats(table: RangeTable, name_filter: str | None = None) -> list[dict]
     return out
 
 
-def _stats_c(table: RangeTable, sid: np.ndarray, names: list[str]):
+def _stats_c(table: RangeTable, stage_of: np.ndarray, names: list[str]):
     """The numpy road's aggregates, percentiles and share of parent from one C pass that groups
     the durations by stage; each stage's percentiles are then a selection, not a sort."""
     n = len(names)
-    c = kernels.stage_stats(kernels.c_array(sid, np.int32), table.start, table.end, table.parent,
-                            n)
+    c = kernels.stage_stats(table.name_id, stage_of, table.start, table.end, table.parent, n)
     pct = {p: np.zeros(n, np.int64) for p in PERCENTILES}
     grouped, at = c.pop("grouped"), 0
     for s in range(n):

@@ -138,7 +138,9 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
     kind = np.asarray(kind, dtype=np.int8)
     thread = np.asarray(thread, dtype=np.int64)
     n = len(start)
-    end_thread = thread.copy() if end_thread is None else np.asarray(end_thread, dtype=np.int64)
+    # Columns are never written after build: where every range ends on its own thread, the two
+    # columns can be one array.
+    end_thread = thread if end_thread is None else np.asarray(end_thread, dtype=np.int64)
     domain_id = np.zeros(n, np.int32) if domain_id is None else np.asarray(domain_id, np.int32)
     end, unclosed = _close(start, end, kind)
     # Start/end ranges overlap freely, so they nest among themselves, apart from push/pop stacks.
