@@ -109,7 +109,9 @@ def plot_points(table, pairs) -> dict:
     pre, enc = benefit.encoder_per_step(table)
     if len(pre):
         idx = sample(len(pre))
-        out["encoder"] = {"step": idx.tolist(), "preprocess_ns": table.duration[pre][idx].tolist(),
+        rows = pre[idx]
+        out["encoder"] = {"step": idx.tolist(),
+                          "preprocess_ns": (table.end[rows] - table.start[rows]).tolist(),
                           "encoder_ns": enc[idx].tolist()}
     return out
 
