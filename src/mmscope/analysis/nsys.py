@@ -62,6 +62,8 @@ def _load(path: str, workers: int | None, chunk_rows: int) -> tbl.RangeTable:
         process_names = _process_names(con)
     finally:
         con.close()
+    # While the pages are decoded (the longer task): the registered names, canonical already.
+    registered = _Registered(strings)
     if reader is not None:
         raw = reader.result()
     else:
@@ -70,7 +72,16 @@ def _load(path: str, workers: int | None, chunk_rows: int) -> tbl.RangeTable:
         raw = nsys_scan.read_range(spec, 0, 0)
     elif raw is None:
         raw = nsys_scan.scan(spec, lo, hi + 1, workers, chunk_rows)
-    return _to_table(raw, types, strings, thread_names, process_names)
+    return _to_table(raw, types, registered, thread_names, process_names)
+
+
+class _Registered:
+    """StringIds in id order, and their canonical names (the texts of old-schema rows follow)."""
+
+    def __init__(self, strings: dict[int, str]):
+        self.ids = np.array(sorted(strings), dtype=np.int64)
+        self.names = [strings[i] for i in self.ids.tolist()]
+        self.canonical = tbl.canonical_prefix(self.names)
 
 
 def _page_layout(con, name: str, workers: int | None):
@@ -134,12 +145,12 @@ def _process_names(con) -> dict[int, str]:
     return {int(p): n for p, n in rows if p is not None and n}
 
 
-def _to_table(raw: dict, types: dict[int, str], strings: dict[int, str],
+def _to_table(raw: dict, types: dict[int, str], registered: "_Registered",
               thread_names: dict[int, str], process_names: dict[int, str]) -> tbl.RangeTable:
     """Resolve names, domains and kinds; metadata rows leave. Consumes `raw` to save memory."""
     event_type = raw.pop("event_type")
     names, name_code = _resolve_names(raw.pop("text_id"), raw.pop("text_code"), raw["texts"],
-                                      strings)
+                                      registered)
     meta = (raw, event_type, types, names, name_code)
     thread_names = {**_thread_name_events(*meta), **thread_names}
     domain_names = _domain_names(*meta)
@@ -172,13 +183,13 @@ def _to_table(raw: dict, types: dict[int, str], strings: dict[int, str],
                      end=cols.pop("end"), kind=kind, thread=cols.pop("thread"),
                      end_thread=cols.pop("end_thread"), domain_id=domain_id, domains=domains,
                      thread_names=thread_names, process_names=process_names,
-                     source="nsys-sqlite")
+                     source="nsys-sqlite", canonical=registered.canonical)
 
 
-def _resolve_names(text_id: np.ndarray, text_codes, texts: list[str], strings: dict[int, str]):
+def _resolve_names(text_id: np.ndarray, text_codes, texts: list[str], registered: _Registered):
     """Name per row: the registered string (textId -> StringIds) if any, else the text."""
-    ids = np.array(sorted(strings), dtype=np.int64)
-    names = [strings[i] for i in ids.tolist()] + list(texts)
+    ids = registered.ids
+    names = registered.names + list(texts)
 
     def fallback():
         return len(ids) + (text_codes.astype(np.int64) if text_codes is not None

@@ -120,19 +120,29 @@ def canonical_names(raw: list[str]) -> tuple[list[str], np.ndarray]:
     return list(index), mapping
 
 
-def _canonical_index(raw: list[str]) -> tuple[dict[str, int], np.ndarray]:
-    """{canonical name: id} in first-appearance order, and the map raw id -> canonical id."""
+def canonical_prefix(raw: list[str]) -> tuple[dict[str, int], list[int]]:
+    """The canonical index and codes of the first raw names, computed ahead (build continues
+    them with the rest)."""
     index: dict[str, int] = {}
     canonical = stages.canonical
+    return index, [index.setdefault(canonical(name), len(index)) for name in raw]
+
+
+def _canonical_index(raw: list[str], prefix=None) -> tuple[dict[str, int], np.ndarray]:
+    """{canonical name: id} in first-appearance order, and the map raw id -> canonical id;
+    `prefix`: canonical_prefix() of the first raw names (taken over, not copied)."""
+    index, codes = prefix if prefix is not None else ({}, [])
+    canonical = stages.canonical
     # One list, then one array: a numpy item assignment per name costs more than the lookup.
-    codes = [index.setdefault(canonical(name), len(index)) for name in raw]
+    codes = codes + [index.setdefault(canonical(name), len(index)) for name in raw[len(codes):]]
     return index, np.array(codes, dtype=np.int64).reshape(len(raw))
 
 
 def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
           domain_id=None, domains=None, thread_names=None, process_names=None,
-          source: str = "") -> RangeTable:
-    """A RangeTable from loader columns; `end` < `start` marks a missing end (NULL in nsys)."""
+          source: str = "", canonical=None) -> RangeTable:
+    """A RangeTable from loader columns; `end` < `start` marks a missing end (NULL in nsys).
+    `canonical`: canonical_prefix() of the first raw names, where the loader computed it."""
     start = np.asarray(start, dtype=np.int64)
     end = np.asarray(end, dtype=np.int64)
     kind = np.asarray(kind, dtype=np.int8)
@@ -149,7 +159,7 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
         # C without the GIL, while this thread maps the names.
         nesting = kernels.Background(_nest_c, thread, None, start, end, np.empty(n, np.int32),
                              np.empty(n, np.int64), (domain_id, kind, START_END))
-    index, mapping = _canonical_index(raw_names)
+    index, mapping = _canonical_index(raw_names, canonical)
     names = list(index)
     name_id = mapping.astype(np.int32)[np.asarray(name_id)] if n else np.zeros(0, np.int32)
     if nesting is not None:
