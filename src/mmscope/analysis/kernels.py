@@ -99,49 +99,87 @@ def fresh_zeros(n: int, dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, size), dtype, n)
 
 
+PARALLEL_LEAVES = 256  # fewer leaf pages than this are decoded on one thread
+
+
 def decode_leaves(file: np.ndarray, leaves: np.ndarray, page_size: int, usable: int,
                   fields: list[int]):
     """The columns of nsys_pages' output from these leaf pages of the mapped file, and the
     (offset, length) of each distinct text by code (code 0 is ""); None where the file holds
     something the C decoder does not take (the caller reads it through SQLite). Two
-    shortcuts: "text_code" is None where no row has a text, and "domains_all_zero" says so."""
+    shortcuts: "text_code" is None where no row has a text, and "domains_all_zero" says so.
+
+    Two threads decode the two halves of the leaves into their rows of the same arrays; the
+    second half's text codes are then renumbered into the first's dictionary."""
     c = lib()
     leaves = c_array(leaves, np.int64)
-    n_max = c.mk_count_cells(ptr(file), len(file), ptr(leaves), len(leaves), page_size)
-    if n_max < 0:
+    parts = np.array_split(leaves, 2) if len(leaves) >= PARALLEL_LEAVES else [leaves]
+    counts = [c.mk_count_cells(ptr(file), len(file), ptr(p), len(p), page_size) for p in parts]
+    if min(counts) < 0:
         return None
+    n_max = sum(counts)
     cols = {"start": np.empty(n_max, np.int64), "end": np.empty(n_max, np.int64),
             "thread": np.empty(n_max, np.int64), "text_id": np.empty(n_max, np.int64),
             "event_type": np.empty(n_max, np.int16),
             # Zeroed, and written only where not 0: pages of all-zero columns are never touched.
             "domain": fresh_zeros(n_max, np.int64), "text_code": fresh_zeros(n_max, np.int32)}
     want = np.array(fields, np.int64)
-    ctx = c.mk_ctx_new()
-    if not ctx:
-        raise MemoryError
-    try:
-        n = c.mk_decode(ctx, ptr(file), len(file), ptr(leaves), len(leaves), page_size, usable,
-                        ptr(want), n_max, *(ptr(cols[k]) for k in (
-                            "start", "end", "thread", "text_id", "event_type", "domain",
-                            "text_code")))
-        if n == -2:
+    row0 = np.cumsum([0] + counts[:-1]).tolist()
+
+    def part(k: int):
+        ctx = c.mk_ctx_new()
+        if not ctx:
             raise MemoryError
-        if n < 0:
-            return None
-        sizes = np.zeros(3, np.int64)
-        c.mk_ctx_sizes(ctx, ptr(sizes))
-        toff, tlen = np.empty(sizes[0], np.int64), np.empty(sizes[0], np.int32)
-        xpos, xthr = np.empty(sizes[1], np.int64), np.empty(sizes[1], np.int64)
-        c.mk_ctx_copy(ctx, ptr(toff), ptr(tlen), ptr(xpos), ptr(xthr))
-    finally:
-        c.mk_ctx_free(ctx)
-    if n < n_max:
-        cols = {k: v[:n].copy() for k, v in cols.items()}
-    cols["cross_pos"], cols["cross_thread"] = xpos, xthr
+        try:
+            at = {name: a.ctypes.data + row0[k] * a.itemsize for name, a in cols.items()}
+            n = c.mk_decode(ctx, ptr(file), len(file), ptr(parts[k]), len(parts[k]), page_size,
+                            usable, ptr(want), counts[k], *(at[name] for name in (
+                                "start", "end", "thread", "text_id", "event_type", "domain",
+                                "text_code")))
+            if n == -2:
+                raise MemoryError
+            if n != counts[k]:
+                return None
+            sizes = np.zeros(3, np.int64)
+            c.mk_ctx_sizes(ctx, ptr(sizes))
+            toff, tlen = np.empty(sizes[0], np.int64), np.empty(sizes[0], np.int32)
+            xpos, xthr = np.empty(sizes[1], np.int64), np.empty(sizes[1], np.int64)
+            c.mk_ctx_copy(ctx, ptr(toff), ptr(tlen), ptr(xpos), ptr(xthr))
+            return toff, tlen, xpos + row0[k], xthr, int(sizes[2])
+        finally:
+            c.mk_ctx_free(ctx)
+
+    other = Background(part, 1) if len(parts) > 1 else None
+    got = [part(0)] + ([other.result()] if other is not None else [])
+    if any(g is None for g in got):
+        return None
+    toff, tlen = _merge_texts(file, cols["text_code"], got, row0)
+    cols["cross_pos"] = np.concatenate([g[2] for g in got])
+    cols["cross_thread"] = np.concatenate([g[3] for g in got])
     if len(toff) == 0:
         cols["text_code"] = None  # no texts: every code 0, and the zero pages stay unread
-    cols["domains_all_zero"] = sizes[2] == 0
+    cols["domains_all_zero"] = sum(g[4] for g in got) == 0
     return cols, toff, tlen
+
+
+def _merge_texts(file: np.ndarray, codes: np.ndarray, got: list, row0: list[int]):
+    """One dictionary of texts, first appearance first, from the parts' own: a later part's
+    codes are renumbered (its texts seen before take their earlier codes)."""
+    toff, tlen = list(got[0][0].tolist()), list(got[0][1].tolist())
+    if all(len(g[0]) == 0 for g in got[1:]):
+        return got[0][0], got[0][1]
+    seen = {file[o:o + k].tobytes(): i + 1 for i, (o, k) in enumerate(zip(toff, tlen))}
+    for g, r0, r1 in zip(got[1:], row0[1:], row0[2:] + [len(codes)]):
+        new = np.zeros(len(g[0]) + 1, np.int32)  # code 0 ("" and NULL) stays 0
+        for j, (o, k) in enumerate(zip(g[0].tolist(), g[1].tolist())):
+            key = file[o:o + k].tobytes()
+            if key not in seen:
+                seen[key] = len(toff) + 1
+                toff.append(o)
+                tlen.append(k)
+            new[j + 1] = seen[key]
+        codes[r0:r1] = new[codes[r0:r1]]
+    return np.array(toff, np.int64), np.array(tlen, np.int32)
 
 
 def resolve(text_id: np.ndarray, text_code: np.ndarray | None, table: np.ndarray, lo: int,
