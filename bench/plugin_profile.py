@@ -1,10 +1,11 @@
-"""Where mmscope's cost inside the engine goes, by sampling: the tiny-model workload of
-plugin_overhead.py runs under py-spy, and the samples that land in mmscope's code are its cost.
+"""Where mmscope's cost inside the engine goes, two ways, on the tiny-model workload of
+plugin_overhead.py: py-spy samples landing in mmscope's code, and each hook's own time.
 
-A share of samples moves far less with the other load on a shared machine than a throughput
-ratio does, so it resolves what plugin_overhead.py's ±2% cannot (DESIGN §8).
+The own time of a hook is its wrapper's time minus the wrapped vLLM function's, both clocked
+around every call (the clocks' own cost measured and subtracted). Both figures move far less with
+the other load on a shared machine than a throughput ratio does (DESIGN §8).
 
-Run: .venv/bin/python bench/plugin_profile.py [--batches 40] [--rate 1000] [--top 12]
+Run: .venv/bin/python bench/plugin_profile.py [--batches 40] [--rate 1000] [--top 12] [--no-spy]
 """
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def pyspy() -> str:
     return str(PYSPY_VENV / "bin" / "py-spy")
 
 
-def workload(spec: str, batches: int) -> None:
-    """The child: plugin_overhead.py's batches, all with mmscope on and tracing `spec`."""
+def workload(spec: str, batches: int, reset=None) -> None:
+    """The child: plugin_overhead.py's batches, all with mmscope on and tracing `spec`;
+    `reset` runs after the warm-up."""
     sys.path.insert(0, str(ROOT))
     from vllm import SamplingParams
 
@@ -54,10 +56,69 @@ def workload(spec: str, batches: int) -> None:
     tracing.configure(spec, tempfile.mkdtemp(prefix="mmscope-profile-"))
     ranges.route_vllm_ranges()
     llm.generate([prompt([image(1)], "warm-up")] * 4, sp, use_tqdm=False)
+    if reset:
+        reset()
     for b in range(batches):
         base = 100_000 * (b + 1)
         llm.generate([prompt([image(base + (i // 2 if i % 2 else i))], f"Question {i}?")
                       for i in range(48)], sp, use_tqdm=False)
+
+
+def hook_times(spec: str, batches: int, out: str) -> None:
+    """The child of the own-time figure: every hook's factory wrapped by two clocks; the table
+    goes to `out` (vLLM logs to stdout)."""
+    import collections as c
+
+    from mmscope.vllm import patching
+
+    clock = time.perf_counter_ns
+    outer, inner, calls = c.Counter(), c.Counter(), c.Counter()
+
+    def clocked(name, factory):
+        def make(original, state):
+            def timed_original(*a, **k):
+                t = clock()
+                try:
+                    return original(*a, **k)
+                finally:
+                    inner[name] += clock() - t
+            wrapper = factory(timed_original, state)
+
+            def timed_wrapper(*a, **k):
+                t = clock()
+                try:
+                    return wrapper(*a, **k)
+                finally:
+                    outer[name] += clock() - t
+                    calls[name] += 1
+            return timed_wrapper
+        return make
+
+    apply = patching.Hook.apply
+
+    def clocked_apply(hook):
+        if not getattr(hook, "_clocked", False):
+            hook.factory, hook._clocked = clocked(hook.name, hook.factory), True
+        return apply(hook)
+    patching.Hook.apply = clocked_apply
+    start = []
+    workload(spec, batches, reset=lambda: (outer.clear(), inner.clear(), calls.clear(),
+                                           start.append(time.perf_counter())))
+    wall = time.perf_counter() - start[0]
+    # The clocks' own cost: an identity wrapper around a function that does nothing.
+    probe = clocked("identity", lambda original, state: original)(lambda *a, **k: None, None)
+    for _ in range(100_000):
+        probe(1, 2)
+    shim = (outer.pop("identity") - inner.pop("identity")) / calls.pop("identity")
+    rows = sorted(((outer[n] - inner[n] - shim * calls[n], n) for n in calls), reverse=True)
+    total = sum(own for own, _ in rows)
+    lines = [f"tracing={spec}: hooks' own time {total / batches / 1e6:.2f} ms per batch, "
+             f"{100 * total / 1e9 / wall:.2f}% of the batches' wall time (clock cost {shim:.0f} ns "
+             f"per call subtracted)",
+             f"  {'hook':34} {'calls/batch':>11} {'µs/call':>8} {'ms/batch':>9}"]
+    lines += [f"  {name:34} {calls[name] / batches:11.1f} {own / calls[name] / 1000:8.2f} "
+              f"{own / batches / 1e6:9.3f}" for own, name in rows]
+    Path(out).write_text("\n".join(lines) + "\n")
 
 
 def ours(frame: str) -> bool:
@@ -130,10 +191,27 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--rate", type=int, default=1000, help="samples per second")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--no-spy", action="store_true", help="only the hooks' own time")
     ap.add_argument("--workload", help=argparse.SUPPRESS)
+    ap.add_argument("--hook-times", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.workload:
         return workload(args.workload, args.batches)
+    if args.hook_times:
+        return hook_times(args.hook_times, args.batches, args.out)
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    for spec in ("off", "chrome"):
+        with tempfile.NamedTemporaryFile("r", suffix=".txt") as out:
+            done = subprocess.run([sys.executable, __file__, "--hook-times", spec, "--batches",
+                                   str(args.batches), "--out", out.name],
+                                  env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"hook times, tracing={spec}: failed: "
+                                 f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+            print(out.read())
+    if args.no_spy:
+        return
     spy = pyspy()
     print(f"py-spy {subprocess.run([spy, '--version'], capture_output=True, text=True).stdout.split()[-1]}"
           f", {args.rate} samples/s, {args.batches} batches of 48 image requests (16 tokens each), "
