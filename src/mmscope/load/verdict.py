@@ -1,14 +1,15 @@
 """Whether a level's observed encoder-cache hits agree with its plan, and if not, whether the
 cache's capacity explains the difference.
 
-An LRU of the capacity, fed the plan in order, estimates the hits capacity allows; the evictions
-counter bounds what capacity can explain (each hit lost to capacity needs its own eviction).
+The cache-size model (vLLM's eviction rule), fed the plan in order, estimates the hits capacity
+allows; the evictions counter bounds what capacity can explain (each lost hit needs an eviction).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
+from mmscope.cache_size import model
+from mmscope.cache_size.trace import FREE, MISS
 from mmscope.load.plan import LevelPlan
 
 MATCH, EXPLAINED, UNEXPLAINED, EXCESS = "match", "explained", "unexplained", "excess"
@@ -34,24 +35,17 @@ class Verdict:
 
 
 def lru_hits(plan: LevelPlan, capacity_embeds: int, embeds_per_image: int) -> int:
-    """Hits of vLLM's eviction rule on the plan sent one request at a time: entries in use are
-    kept, freed ones stay resident until space is needed, the one freed longest ago goes first."""
+    """Hits of vLLM's eviction rule on the plan sent one request at a time: the same one-pass
+    model as `mmscope cache-size` (entries in use are kept, freed ones stay resident until space
+    is needed, the one freed longest ago goes first), references held until the request ends."""
     if embeds_per_image <= 0:
         return plan.planned_hits
-    slots = max(capacity_embeds // embeds_per_image, 0)
-    freed: OrderedDict[int, None] = OrderedDict()
-    hits = 0
-    for request in plan.requests:
-        for in_use, image in enumerate(request.images):
-            if image in freed:
-                hits += 1
-                del freed[image]  # in use again
-                continue
-            # Only freed entries make room; the request's earlier images are in use.
-            while freed and len(freed) + in_use + 1 > slots:
-                freed.popitem(last=False)
-        freed.update((image, None) for image in request.images)
-    return hits
+    events = []
+    for r, request in enumerate(plan.requests):
+        events += [(r, image, embeds_per_image, MISS) for image in request.images]
+        events.append((r, FREE, 0, 0))
+    reach = model.distances(events, release="end")
+    return int(((reach > 0) & (reach <= capacity_embeds)).sum())
 
 
 def capacity_allows(plan: LevelPlan, seen: Observed) -> int | None:
