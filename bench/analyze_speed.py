@@ -346,6 +346,8 @@ def report(path: Path, m: dict, workers) -> None:
           f"{ph['rows']:,} ranges); cores: {len(os.sched_getaffinity(0))}; workers: "
           f"{'default' if workers is None else workers}")
     print(f"load average (1/5/15 min): before {m['load_before']}, after {m['load_after']}")
+    if m.get("rounds", 1) > 1:
+        print(f"{m['rounds']} rounds, each case once per round: medians (peak RSS: largest)")
     print(f"{'case':<62}{'wall s':>8}{'CPU s':>7}{'peak RSS MiB':>14}{'x bare':>8}")
 
     def line(label, wall, cpu=None, rss="", ratio_=None):
@@ -440,6 +442,39 @@ def libs(path: Path) -> None:
         print(f"{name:<40}{a:>10.2f}{b:>12}")
 
 
+def median_of(rounds: list[dict]) -> dict:
+    """One round's shape with each number the median of the rounds' (peak RSS: the largest).
+    The peer's runs are matched by key; a run that failed in some round counts where it ran."""
+    import statistics
+
+    def merge(items: list):
+        first = items[0]
+        if isinstance(first, dict):
+            return {k: merge([it[k] for it in items if k in it]) for k in first}
+        if isinstance(first, int) and not isinstance(first, bool):
+            return statistics.median_low(items)  # counts: the same every round
+        if isinstance(first, float):
+            return statistics.median(items)
+        return first
+
+    out = merge([{k: v for k, v in r.items() if k != "peer"} for r in rounds])
+    for key in ("rss", "child_rss"):
+        for case in ("bare", "full", "cli", "warm", "nocache", "phases"):
+            values = [r[case][key] for r in rounds if key in r.get(case, {})]
+            if values:
+                out[case][key] = max(values)
+    peers: dict[str, list] = {}
+    for r in rounds:
+        for p in r["peer"]:
+            peers.setdefault(p["key"], []).append(p)
+    out["peer"] = []
+    for runs in peers.values():
+        merged = merge(runs)
+        merged["rss"] = max(p["rss"] for p in runs)
+        out["peer"].append(merged)
+    return out
+
+
 def _load_average() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -450,12 +485,20 @@ def main() -> int:
     ap.add_argument("--workers", type=int, help="SQLite scan workers (default: mmscope's choice)")
     ap.add_argument("--libs", action="store_true", help="also compare polars and pyarrow")
     ap.add_argument("--no-peer", action="store_true", help="skip the peer tool")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds of every case; the table shows each figure's median over them "
+                    "(peak RSS: the largest)")
     args = ap.parse_args()
     path = cached_file(args.rows)
     python = None if args.no_peer else ensure_peer()
     load_before = _load_average()
-    m = measure(path, args.workers)
-    m["peer"] = measure_peer(path, python) if python else []
+    rounds = []
+    for _ in range(max(args.repeat, 1)):  # every case once per round, rounds one after another
+        m = measure(path, args.workers)
+        m["peer"] = measure_peer(path, python) if python else []
+        rounds.append(m)
+    m = median_of(rounds)
+    m["rounds"] = len(rounds)
     m["peer_note"] = "--no-peer" if args.no_peer else "the peer did not run, see above"
     m["load_before"], m["load_after"] = load_before, _load_average()
     report(path, m, args.workers)
