@@ -232,3 +232,27 @@ def test_step_meta_parser_matches_the_regex():
     long = names + ["step_meta: prefill=1234567890123456789 decode=0 total=0 reqs=0"]
     assert kernels.parse_step_meta("\n".join(long), len(long)) is None
     assert steps._parse_shapes(long).tolist() == [list(steps._shape_of(n)) for n in long]
+
+
+def test_stage_table_with_many_stages_matches_numpy(tmp_path, numpy_road):
+    """Past 32 stages the C stage table finds distinct (stage, parent) pairs another way."""
+    path = tmp_path / "many.sqlite"
+    rnd = random.Random(5)
+    with F.NsysFile(path) as f:
+        t = 0
+        for step in range(40):
+            f.range(stages.PREPROCESS, t, t + 1000, pid=300 + step % 3)
+            for j, k in enumerate(rnd.sample(range(45), 6)):  # 6 of 45 names, each twice
+                s = t + 10 + 150 * j
+                f.range(f"stage {k}", s, s + 50 + k, pid=300 + step % 3)
+                f.range(f"stage {k}", s + 100, s + 110, pid=300 + step % 3)
+            t += 2000
+
+    def table():
+        from mmscope.analysis import load, stats
+
+        return stats.stage_stats(load(str(path)))
+
+    got, want = table(), numpy_road(table)
+    assert len(got) > 32 and got == want
+    assert all(r["parent"] == stages.PREPROCESS for r in got if r["name"].startswith("stage "))
