@@ -10,6 +10,10 @@
 
 #define API __attribute__((visibility("default")))
 
+/* kernels.py refuses a library whose number differs from its own (an old build beside new Python
+ * code would be called with the wrong arguments): bump it with any change of a signature. */
+API int64_t mk_abi(void) { return 1; }
+
 /* ---------------------------------------------------------------------------------------------
  * NVTX_EVENTS leaf pages -> columns (nsys_pages.py's rules; every failure means "read through
  * SQLite", never a guess).

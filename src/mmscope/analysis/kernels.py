@@ -13,6 +13,7 @@ import numpy as np
 
 _LIB: list = []  # [library or None], loaded once
 I64, P = ctypes.c_int64, ctypes.c_void_p
+ABI = 1  # mk_abi() of the C source these signatures describe
 
 
 def lib():
@@ -31,7 +32,10 @@ def _load():
         return None
     try:
         c = ctypes.CDLL(found[0])
-    except OSError:
+        c.mk_abi.restype = I64
+        if c.mk_abi() != ABI:  # built from another version of the source: rebuild to use it
+            return None
+    except (OSError, AttributeError):
         return None
     c.mk_ctx_new.restype = P
     c.mk_ctx_free.argtypes = [P]

@@ -157,8 +157,9 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
     nesting = None
     if kernels.lib() is not None and n:
         # C without the GIL, while this thread maps the names.
-        nesting = kernels.Background(_nest_c, thread, None, start, end, np.empty(n, np.int32),
-                             np.empty(n, np.int64), (domain_id, kind, START_END))
+        nesting = kernels.Background(_nest_c, thread, None, start, end,
+                                     np.empty(n, np.int32), np.empty(n, np.int64),
+                                     (domain_id, kind, START_END))
     index, mapping = _canonical_index(raw_names, canonical)
     names = list(index)
     name_id = mapping.astype(np.int32)[np.asarray(name_id)] if n else np.zeros(0, np.int32)
