@@ -256,3 +256,12 @@ def test_stage_table_with_many_stages_matches_numpy(tmp_path, numpy_road):
     got, want = table(), numpy_road(table)
     assert len(got) > 32 and got == want
     assert all(r["parent"] == stages.PREPROCESS for r in got if r["name"].startswith("stage "))
+
+
+def test_a_library_of_another_abi_is_not_used(monkeypatch):
+    monkeypatch.setattr(kernels, "_LIB", [])
+    monkeypatch.setattr(kernels, "ABI", kernels.ABI + 1)
+    assert kernels.lib() is None
+    monkeypatch.setattr(kernels, "_LIB", [])
+    monkeypatch.setattr(kernels, "ABI", kernels.ABI - 1)
+    assert kernels.lib() is not None
