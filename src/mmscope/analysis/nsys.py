@@ -151,10 +151,14 @@ def _to_table(raw: dict, types: dict[int, str], registered: "_Registered",
     event_type = raw.pop("event_type")
     names, name_code = _resolve_names(raw.pop("text_id"), raw.pop("text_code"), raw["texts"],
                                       registered)
-    meta = (raw, event_type, types, names, name_code)
+    kind_of = {i: KIND_OF_TYPE[n] for i, n in types.items() if n in KIND_OF_TYPE}
+    kind = _kinds(event_type, kind_of)  # -1: a metadata row
+    # Thread names and domain creates are metadata rows: where there are none, no search.
+    has_meta = bool(len(kind)) and int(kind.min()) < 0
+    meta_rows = np.flatnonzero(kind < 0) if has_meta else np.zeros(0, np.int64)
+    meta = (raw, event_type, meta_rows, types, names, name_code)
     thread_names = {**_thread_name_events(*meta), **thread_names}
     domain_names = _domain_names(*meta)
-    kind_of = {i: KIND_OF_TYPE[n] for i, n in types.items() if n in KIND_OF_TYPE}
     cross_pos, cross_thread = raw.pop("cross_pos"), raw.pop("cross_thread")
     end_thread = raw["thread"]  # shared where no range ends on another thread
     if len(cross_pos):
@@ -166,9 +170,8 @@ def _to_table(raw: dict, types: dict[int, str], registered: "_Registered",
     if not domains_all_zero:
         cols["domain"] = raw.pop("domain")
     del name_code, end_thread
-    kind = _kinds(event_type, kind_of)  # -1: a metadata row
-    del event_type
-    if len(kind) and kind.min() < 0:  # metadata rows (domains, thread names, categories) leave
+    del event_type, meta, meta_rows
+    if has_meta:  # metadata rows (domains, thread names, categories) leave the table
         rows = np.flatnonzero(kind >= 0)
         shared = cols["end_thread"] is cols["thread"]
         cols = {k: v[rows] for k, v in cols.items() if not (shared and k == "end_thread")}
@@ -228,16 +231,17 @@ def _kinds(event_type: np.ndarray, kind_of: dict[int, int]) -> np.ndarray:
     return table[event_type.view(np.uint16)]
 
 
-def _thread_name_events(raw, event_type, types, names, name_code) -> dict[int, str]:
+def _thread_name_events(raw, event_type, meta_rows, types, names, name_code) -> dict[int, str]:
     ids = [i for i, n in types.items() if n == "NvtxThread"]
-    rows = np.flatnonzero(np.isin(event_type, ids))
+    rows = meta_rows[np.isin(event_type[meta_rows], ids)]
     return {int(raw["thread"][r]): names[int(name_code[r])] for r in rows}
 
 
-def _domain_names(raw, event_type, types, names, name_code) -> dict[tuple[int, int], str]:
+def _domain_names(raw, event_type, meta_rows, types, names,
+                  name_code) -> dict[tuple[int, int], str]:
     """(pid bits, domainId) -> name; the first create of a domain in a process wins."""
     ids = [i for i, n in types.items() if n == "NvtxDomainCreate"]
-    rows = np.flatnonzero(np.isin(event_type, ids))
+    rows = meta_rows[np.isin(event_type[meta_rows], ids)]
     rows = rows[np.argsort(raw["start"][rows], kind="stable")]
     out: dict[tuple[int, int], str] = {}
     for r in rows:
