@@ -147,11 +147,6 @@ def saw_free(manager, request, *args, **kwargs) -> None:
         ledger.access_log.freed(request.request_id)
 
 
-def saw_evictions(result, manager, *args, **kwargs) -> None:
-    if result:
-        ledger_of(manager).evicted(len(result))
-
-
 # --- Scheduler: commits and emission ----------------------------------------------------------
 def saw_allocation(scheduler, request, input_ids, *args, **kwargs) -> None:
     ledger = ledger_of(scheduler.encoder_cache_manager)
@@ -163,7 +158,21 @@ def saw_schedule(output, scheduler, *args, **kwargs) -> None:
     manager = scheduler.encoder_cache_manager
     ledger = ledger_of(manager)
     ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)
+    # The entries schedule() evicted for room this step (get_freed_mm_hashes() drains them into
+    # the output); read here rather than by one more hook per step.
+    freed = getattr(output, "free_encoder_mm_hashes", None)  # a missing field costs evictions only
+    if freed and _evicts_for_room(type(manager)):
+        ledger.evicted(len(freed))
     ledger.occupancy(manager.cache_size - manager.num_free_slots, manager.cache_size)
+
+
+@functools.cache
+def _evicts_for_room(manager_cls) -> bool:
+    """Whether freed hashes are evictions: not for encoder-decoder models, whose manager frees
+    every entry after use (it overrides get_freed_mm_hashes for that)."""
+    from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+
+    return manager_cls.get_freed_mm_hashes is EncoderCacheManager.get_freed_mm_hashes
 
 
 def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=None,

@@ -32,8 +32,6 @@ def accounting_hooks() -> list[Hook]:
              observe_after(ec.saw_can_allocate), "accounting", "EngineCore"),
         Hook("encoder_cache.free", f"{ECM}.free", ("self", "request"),
              observe_before(ec.saw_free), "accounting", "EngineCore"),
-        Hook("encoder_cache.evictions", f"{ECM}.get_freed_mm_hashes", ("self",),
-             observe_after(ec.saw_evictions), "accounting", "EngineCore"),
         Hook("scheduler.allocate", f"{SCHED}._allocate_encoder_inputs",
              ("self", "request", "input_ids", "duplicate_input_ids"),
              observe_before(ec.saw_allocation), "accounting", "EngineCore"),
