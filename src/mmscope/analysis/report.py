@@ -52,7 +52,8 @@ def analyze(path: str, table, name_filter: str | None = None) -> Analysis:
     stage_rows = (kernels.Background(stats.stage_stats, table, name_filter)
                   if kernels.lib() is not None else None)
     table.find_rows((stages.FORWARD,), (stages.PREPROCESS,), (stages.VIT_FORWARD,),
-                    (stages.EC_SAVE,), checks.SIBLINGS)
+                    (stages.EC_SAVE,), checks.SIBLINGS,
+                    id_sets={steps.STEP_META_ROWS: steps.step_meta_shapes(table)[1]})
     pairs = steps.step_join(table)
     # The checks too (their lookups are C): the row sets and step_meta rows they read are ready.
     check_rows = (kernels.Background(checks.run_all, table, pairs)

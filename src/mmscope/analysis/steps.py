@@ -32,16 +32,27 @@ _STEP_META_LINES = _lines_pattern()
 C_PARSED_RE = r"^step_meta: prefill=(\d+) decode=(\d+) total=(\d+) reqs=(\d+)$"
 
 
-def step_meta_rows(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of parseable step_meta ranges, and the (prefill, decode, total, reqs) per name id."""
-    if "step_meta" not in table._cache:
+def step_meta_shapes(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
+    """The (prefill, decode, total, reqs) per name id (-1s: no step_meta), and the ids of the
+    parseable step_meta names."""
+    if "step_meta_shapes" not in table._cache:
         shapes = np.full((len(table.names), 4), -1, dtype=np.int64)
         at = [i for i, name in enumerate(table.names) if name.startswith(stages.STEP_META_PREFIX)]
         if at:
             shapes[at] = _parse_shapes([table.names[i] for i in at])
-        rows = table.rows_with_ids(np.flatnonzero(shapes[:, 0] >= 0))
-        table._cache["step_meta"] = (rows, shapes)
-    return table._cache["step_meta"]
+        table._cache["step_meta_shapes"] = (shapes, np.flatnonzero(shapes[:, 0] >= 0))
+    return table._cache["step_meta_shapes"]
+
+
+STEP_META_ROWS = ("ids", "step_meta")  # RangeTable.find_rows' key of the step_meta rows
+
+
+def step_meta_rows(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of parseable step_meta ranges, and the (prefill, decode, total, reqs) per name id."""
+    shapes, ids = step_meta_shapes(table)
+    if STEP_META_ROWS not in table._cache:
+        table._cache[STEP_META_ROWS] = table.rows_with_ids(ids)
+    return table._cache[STEP_META_ROWS], shapes
 
 
 def _parse_shapes(names: list[str]) -> np.ndarray:
@@ -123,11 +134,11 @@ def step_join(table: RangeTable) -> StepPairs:
     start = table.start[f]
     order = np.argsort(start, kind="stable")  # forwards come in row order: ties stay by row
     f, m, start = f[order], m[order], start[order]
-    shape = shapes[table.name_id[m]]
+    ids = table.name_id[m]
+    by_field = np.ascontiguousarray(shapes.T)  # one 1-D gather per field, not rows of four
     return StepPairs({"forward_row": f, "meta_row": m, "thread": table.thread[f], "start": start,
                       "forward_ns": table.end[f] - start,
-                      **{k: np.ascontiguousarray(shape[:, j])
-                         for j, k in enumerate(SHAPE_FIELDS)}})
+                      **{k: by_field[j][ids] for j, k in enumerate(SHAPE_FIELDS)}})
 
 
 def kind_of(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:

@@ -68,17 +68,19 @@ class RangeTable:
             self._cache[key] = self.rows_with_ids(self.ids_of(*wanted))
         return self._cache[key]
 
-    def find_rows(self, *groups: tuple[str, ...]) -> None:
+    def find_rows(self, *groups: tuple[str, ...], id_sets: dict | None = None) -> None:
         """rows_named for each of these name groups at once (one pass where the C kernels
-        are built); later rows_named calls find them."""
+        are built); later rows_named calls find them. `id_sets`: {cache key: name ids} of
+        more sets, their rows cached under those keys."""
         keys = [("names",) + g for g in groups if ("names",) + g not in self._cache]
-        if not keys or kernels.lib() is None or len(self.names) >= (1 << 31):
+        sets = {key: self.ids_of(*key[1:]) for key in keys}
+        sets.update((k, v) for k, v in (id_sets or {}).items() if k not in self._cache)
+        if not sets or kernels.lib() is None or len(self.names) >= (1 << 31):
             return
         slot_of = np.full(len(self.names), -1, np.int32)
         slots = []
-        for key in keys:
-            ids = self.ids_of(*key[1:])
-            if (slot_of[ids] >= 0).any():  # a name in two groups: those go one by one
+        for key, ids in sets.items():
+            if (slot_of[ids] >= 0).any():  # a name in two sets: those go one by one
                 continue
             slot_of[ids] = len(slots)
             slots.append(key)
