@@ -87,7 +87,8 @@ def profile_info(path: str, table) -> dict:
     return {"path": path, "format": table.source, "ranges": n,
             "marks": int((table.kind == MARK).sum()),
             "unclosed": int(table.unclosed.sum()),
-            "cross_thread": int((table.end_thread != table.thread).sum()),
+            "cross_thread": (0 if table.end_thread is table.thread  # one array: none crosses
+                             else int((table.end_thread != table.thread).sum())),
             "threads": len(threads),
             "processes": len(np.unique((threads >> 24) & 0xFFFFFF)),
             "span_ns": int(table.end.max() - table.start.min()) if n else 0}
