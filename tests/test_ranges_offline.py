@@ -121,3 +121,27 @@ def test_step_tokens_at_info_every_fiftieth_step(traced):
     info = [int(msg.split()[1].split("=")[1]) for level, msg in lines if level == logging.INFO]
     assert len(steps) == 60 and steps == list(range(steps[0], steps[0] + 60))
     assert info == [s for s in steps if s % 50 == 0] and len(info) == 1
+
+
+def stage_counts(llm) -> dict[str, int]:
+    return {m.labels["stage"]: m.count for m in llm.get_metrics()
+            if m.name == "vllm:mm_stage_duration_seconds"}
+
+
+def test_stage_histograms_hold_every_range_once_the_engine_is_idle(traced):
+    # Worker durations travel in batches; the batch left when the last request finishes must
+    # arrive too, so the histogram counts equal the ranges in the trace exactly.
+    llm, _, trace_dir, _ = traced
+    # A first request exports whatever the engine's start-up left (its multimodal warm-up
+    # processes dummy images), so the baseline holds only what came before this test.
+    generate(llm, [prompt([image(700)], "Warm?")])
+    before, t0 = stage_counts(llm), now_us()
+    generate(llm, [prompt([image(701)], "Counted?"), prompt([], "Text too")], max_tokens=6)
+    rs = window(trace_dir, t0)
+    after = stage_counts(llm)
+    names = (stages.VIT_FORWARD, stages.GATHER_MM_EMBEDDINGS, stages.EMBED_INPUT_IDS,
+             stages.PREPARE_MM_INPUTS, stages.hash_range("pil_image"),
+             stages.processor_range("apply_hf_processor"))
+    seen = {name: after.get(name, 0) - before.get(name, 0) for name in names}
+    assert seen == {name: len(tk.named(rs, name)) for name in names}
+    assert seen[stages.VIT_FORWARD] == 1 and seen[stages.GATHER_MM_EMBEDDINGS] >= 6

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 from mmscope import access_log
@@ -15,6 +16,7 @@ from mmscope.stage_timing import merge
 from mmscope.vllm.patching import HookState, logger, observe_around
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
+STAGE_BATCH_S = 0.25
 
 
 def probe_enabled() -> bool:
@@ -187,7 +189,19 @@ def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=
             news = ledger_of(scheduler.encoder_cache_manager).drain_news()
             if news is not None:  # None: nothing new, the field stays None and costs nothing
                 stats.encoder_cache_stats = news.to_wire()
-            if pending:
+            if pending and _stage_batch_due(scheduler):
                 stats.mm_stage_durations = pending
                 scheduler._mmscope_stage_durations = {}
             return
+
+
+def _stage_batch_due(scheduler) -> bool:
+    """Stage durations travel in batches, at most every STAGE_BATCH_S, so that the histograms
+    cost a few observations per batch rather than per step; and whenever the scheduler runs dry,
+    so that nothing waits for a next request."""
+    now = time.monotonic()
+    if now - scheduler.__dict__.get("_mmscope_stages_sent", 0.0) < STAGE_BATCH_S \
+            and scheduler.has_unfinished_requests():
+        return False
+    scheduler._mmscope_stages_sent = now
+    return True
