@@ -1,9 +1,10 @@
 """Build of mmscope's C libraries; everything else about the package is in pyproject.toml.
 
-All are loaded with dlopen/ctypes, not imported: `_nvtx_inject` is the NVTX injection library of
+Three are loaded with dlopen/ctypes, not imported: `_nvtx_inject` is the NVTX injection library of
 `mmscope record`, `_sqlite_pages` writes the recorded NVTX table straight into SQLite pages,
 `_analysis_kernels` holds the analyzer's hot loops (optional everywhere: without it the analyzer
-takes its numpy road).
+takes its numpy road). `_chrome_format` is a Python extension module: the chrome tracing
+backend's event formatter (optional too: chrome.py formats the same bytes in Python).
 """
 import platform
 import sys
@@ -58,6 +59,12 @@ setup(
             extra_compile_args=list(COMMON),
             extra_link_args=["-lm"],
             optional=OPTIONAL,
+        ),
+        Extension(
+            "mmscope.tracing._chrome_format",
+            sources=["src/mmscope/tracing/_chrome_format.c"],
+            extra_compile_args=list(COMMON),
+            optional=True,
         ),
         Extension(
             "mmscope.analysis._analysis_kernels",

@@ -263,3 +263,25 @@ def test_chrome_loses_no_event_appended_while_flushing(tmp_path):
             counts[e["name"]] = counts.get(e["name"], 0) + 1
     assert counts == {f"t{k}": per_thread for k in range(4)}
     assert len([e for e in doc if e["name"] == "thread_name"]) == 4
+
+
+def test_c_formatter_writes_the_python_formatters_bytes():
+    import random
+
+    from mmscope.tracing import chrome
+
+    # The C formatter is built by pip install on Linux; its absence there is a build failure.
+    assert chrome._c_format is not None or not sys.platform.startswith("linux")
+    rng = random.Random(7)
+    names = ["gpu_model_runner: forward", 'odd "name" \\ é 画像', "x"]
+    quoted = {n: json.dumps(n) for n in names}
+    events = [(rng.choice(names), t0, t0 + rng.choice([0, 1, 999, 1000, 1001, 10**9 + 7]),
+               rng.randint(1, 2**31)) for t0 in
+              [rng.randint(-5_000, 2**62) for _ in range(2000)] + [0, 999, 1000, -1, -1000]]
+    expected = chrome.format_events(events, quoted, 4242)
+    assert chrome._c_format(events, quoted, 4242) == expected
+    assert json.loads(b"[" + expected.rstrip(b",\n") + b"]")[0]["pid"] == 4242
+    with pytest.raises(KeyError):
+        chrome._c_format([("missing", 1, 2, 3)], quoted, 1)
+    with pytest.raises(TypeError):
+        chrome._c_format([("x", 1, 2)], quoted, 1)

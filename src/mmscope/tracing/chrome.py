@@ -16,7 +16,7 @@ import time
 # Beyond this many unflushed events a process keeps counting but stops storing.
 MAX_PENDING = 1_000_000
 FLUSH_INTERVAL_S = 2.0
-FLUSH_CHUNK = 256  # events formatted per hold of the GIL (about 0.2 ms)
+FLUSH_CHUNK = 256  # events formatted per hold of the GIL (0.2 ms in Python, 20 us in C)
 
 
 class ChromeTraceWriter:
@@ -85,14 +85,14 @@ class ChromeTraceWriter:
         with self._flush_lock:
             if self.closed:
                 return
-            for text in self._take():
-                os.write(self._fd, text.encode())
+            for data in self._take():
+                os.write(self._fd, data)
                 # Formatting holds the GIL; between chunks the engine thread gets it back at
                 # once instead of waiting out the interpreter's 5 ms switch interval.
                 time.sleep(0)
 
     def _take(self):
-        """The pending events as text, FLUSH_CHUNK events at a time."""
+        """The pending events as bytes, FLUSH_CHUNK events at a time."""
         # One list for the writer's life: a copy and a `del` of its first n items are each one
         # operation under the GIL, so spans other threads append meanwhile are kept, not lost.
         pending = self.pending
@@ -107,21 +107,18 @@ class ChromeTraceWriter:
                                    "args": {"name": self.thread_names[tid]}}) + ",\n"
                        for tid in threads)
         if head:
-            yield head
+            yield head.encode()
         for i in range(0, len(events), FLUSH_CHUNK):
             yield self._format(events[i:i + FLUSH_CHUNK])
 
-    def _format(self, events) -> str:
-        pid = self.pid
-        # Formatted by hand (json.dumps per event costs 4x as much); names are JSON-escaped once.
-        # Chrome wants microseconds; integer arithmetic keeps the nanoseconds as three decimals
-        # (and is faster than formatting floats: this runs while holding the GIL).
+    def _format(self, events: list) -> bytes:
+        # Names are JSON-escaped once; the C formatter (10x faster) where it was built.
         quoted = self._quoted
         for n in {e[0] for e in events}.difference(quoted):
             quoted[n] = json.dumps(n)
-        fmt = '{"name":%s,"ph":"X","ts":%d.%03d,"dur":%d.%03d,"pid":' + str(pid) + ',"tid":%d},\n'
-        return "".join([fmt % (quoted[n], *divmod(t0, 1000), *divmod(t1 - t0, 1000), tid)
-                        for n, t0, t1, tid in events])
+        if _c_format is not None:
+            return _c_format(events, quoted, self.pid)
+        return format_events(events, quoted, self.pid)
 
     def close(self) -> None:
         """Write what is left and the closing bracket: the file becomes strict JSON."""
@@ -133,9 +130,24 @@ class ChromeTraceWriter:
             end = json.dumps({"name": "trace_end", "ph": "M", "pid": self.pid, "tid": 0,
                               "args": {"producer": "mmscope", "clock": "CLOCK_MONOTONIC",
                                        "dropped_events": self.dropped}})
-            os.write(self._fd, ("".join(self._take()) + end + "\n]\n").encode())
+            os.write(self._fd, b"".join(self._take()) + (end + "\n]\n").encode())
             os.close(self._fd)
             self.closed = True
+
+
+def format_events(events: list, quoted: dict[str, str], pid: int) -> bytes:
+    """Complete ("X") events as JSON lines, formatted by hand (json.dumps per event costs 4x as
+    much). Chrome wants microseconds; integer arithmetic keeps the nanoseconds as three decimals.
+    _chrome_format.c writes the same bytes."""
+    fmt = '{"name":%s,"ph":"X","ts":%d.%03d,"dur":%d.%03d,"pid":' + str(pid) + ',"tid":%d},\n'
+    return "".join([fmt % (quoted[n], *divmod(t0, 1000), *divmod(t1 - t0, 1000), tid)
+                    for n, t0, t1, tid in events]).encode()
+
+
+try:  # built by pip install (setup.py); optional, the Python formatter writes the same bytes
+    from mmscope.tracing._chrome_format import format_events as _c_format
+except ImportError:
+    _c_format = None
 
 
 def read_events(text: str) -> list | dict:
