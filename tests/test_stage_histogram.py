@@ -51,3 +51,29 @@ def test_a_child_without_prometheus_internals_gets_plain_observe():
 
     sl.observe_many(RayLikeHistogram(), [1_500, 2_000_000_000])
     assert seen == [1.5e-6, 2.0]
+
+
+def test_worker_durations_ride_on_the_output_only_to_a_scheduler_in_another_process():
+    from mmscope.stage_timing import WORKER
+    from mmscope.vllm.ranges import attach_worker_timings
+
+    class Output:  # a ModelRunnerOutput stand-in: any object with a __dict__
+        pass
+
+    saved = WORKER.collected_in_process
+    try:
+        WORKER.drain()
+        WORKER.collected_in_process = False  # a worker process of a multiprocess executor
+        WORKER.record("gpu_model_runner: gather_mm_embeddings", 1_000)
+        out = Output()
+        attach_worker_timings(out, None)
+        assert out._mmscope_stage_durations == {"gpu_model_runner: gather_mm_embeddings": [1_000]}
+        assert not WORKER.pending
+        WORKER.collected_in_process = True  # the scheduler shares this process: it drains WORKER
+        WORKER.record("gpu_model_runner: gather_mm_embeddings", 2_000)
+        out = Output()
+        attach_worker_timings(out, None)
+        assert not hasattr(out, "_mmscope_stage_durations") and WORKER.pending
+    finally:
+        WORKER.drain()
+        WORKER.collected_in_process = saved

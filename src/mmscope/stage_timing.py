@@ -18,6 +18,7 @@ class StageCollector:
     def __init__(self):
         self._durations: dict[str, list[int]] = {}
         self.dropped = 0
+        self.collected_in_process = False  # drained by a consumer in this process (the scheduler)
 
     def record(self, stage: str, duration_ns: int) -> None:
         bucket = self._durations.get(stage)

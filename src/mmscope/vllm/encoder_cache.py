@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from mmscope import access_log
 from mmscope.accounting import Decision, EncoderCacheLedger, Item, probe_line
-from mmscope.stage_timing import merge
+from mmscope.stage_timing import WORKER, merge
 from mmscope.vllm.patching import HookState, logger, observe_around
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
@@ -181,6 +181,9 @@ def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=
                  *args, **kwargs) -> None:
     """Hand the counts, and the worker's stage durations, to the one EngineCoreOutputs that
     carries this step's SchedulerStats; without one they wait for the next."""
+    # A worker in this process (vLLM's default executor) leaves its durations in WORKER for us
+    # to take when a batch is due; one in another process sends them on its outputs.
+    WORKER.collected_in_process = True
     pending = scheduler.__dict__.setdefault("_mmscope_stage_durations", {})
     merge(pending, getattr(model_runner_output, "_mmscope_stage_durations", None))
     for eco in (outputs or {}).values():
@@ -189,8 +192,8 @@ def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=
             news = ledger_of(scheduler.encoder_cache_manager).drain_news()
             if news is not None:  # None: nothing new, the field stays None and costs nothing
                 stats.encoder_cache_stats = news.to_wire()
-            if pending and _stage_batch_due(scheduler):
-                stats.mm_stage_durations = pending
+            if (pending or WORKER.pending) and _stage_batch_due(scheduler):
+                stats.mm_stage_durations = merge(pending, WORKER.drain())
                 scheduler._mmscope_stage_durations = {}
             return
 

@@ -191,9 +191,10 @@ def step_shape_seen(runner, scheduler_output, num_scheduled_tokens, *args, **kwa
 def attach_worker_timings(output, runner, *args, **kwargs) -> None:
     """Worker stage durations ride to EngineCore on the step's ModelRunnerOutput (pickled whole
     between processes, so an extra attribute survives). vLLM's shared empty output is never
-    written to: the durations wait for the next real one."""
-    if WORKER.pending and output is not None and hasattr(output, "__dict__") \
-            and output is not _empty_output():
+    written to: the durations wait for the next real one. Where the scheduler runs in this same
+    process, it takes them from WORKER itself (encoder_cache.attach_stats)."""
+    if WORKER.pending and not WORKER.collected_in_process and output is not None \
+            and hasattr(output, "__dict__") and output is not _empty_output():
         output._mmscope_stage_durations = WORKER.drain()
 
 
