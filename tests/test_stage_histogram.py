@@ -53,27 +53,38 @@ def test_a_child_without_prometheus_internals_gets_plain_observe():
     assert seen == [1.5e-6, 2.0]
 
 
+class FakeRunner:  # a model runner stand-in: execute_model returns an object with a __dict__
+    def execute_model(self, scheduler_output):
+        return type("Output", (), {})()
+
+
 def test_worker_durations_ride_on_the_output_only_to_a_scheduler_in_another_process():
     from mmscope.stage_timing import WORKER
-    from mmscope.vllm.ranges import attach_worker_timings
+    from mmscope.vllm.patching import Hook
+    from mmscope.vllm.ranges import worker_timings_attached
 
-    class Output:  # a ModelRunnerOutput stand-in: any object with a __dict__
-        pass
-
+    original = FakeRunner.execute_model
+    hook = Hook("stage_metrics.test", f"{__name__}:FakeRunner.execute_model",
+                ("self", "scheduler_output"), worker_timings_attached, "metrics", "worker")
     saved = WORKER.collected_in_process
     try:
         WORKER.drain()
         WORKER.collected_in_process = False  # a worker process of a multiprocess executor
+        assert hook.apply() == "applied" and FakeRunner.execute_model is not original
         WORKER.record("gpu_model_runner: gather_mm_embeddings", 1_000)
-        out = Output()
-        attach_worker_timings(out, None)
+        out = FakeRunner().execute_model(None)
         assert out._mmscope_stage_durations == {"gpu_model_runner: gather_mm_embeddings": [1_000]}
         assert not WORKER.pending
         WORKER.collected_in_process = True  # the scheduler shares this process: it drains WORKER
         WORKER.record("gpu_model_runner: gather_mm_embeddings", 2_000)
-        out = Output()
-        attach_worker_timings(out, None)
+        out = FakeRunner().execute_model(None)
         assert not hasattr(out, "_mmscope_stage_durations") and WORKER.pending
+        # ... and the hook has nothing left to do here: vLLM's method is back, at no cost.
+        assert FakeRunner.execute_model is original
+        assert hook.describe().startswith("retired: the scheduler shares this process")
+        hook.revert()
+        assert FakeRunner.execute_model is original and hook.describe() == "not applied"
     finally:
+        hook.revert()
         WORKER.drain()
         WORKER.collected_in_process = saved

@@ -124,6 +124,11 @@ class EncoderCacheLedger:
     def occupancy(self, usage_embeds: int, capacity_embeds: int) -> None:
         self._stats.usage_embeds, self._stats.capacity_embeds = usage_embeds, capacity_embeds
 
+    @property
+    def step_quiet(self) -> bool:
+        """Nothing proposed or allocated since the last commit (every decode-only step)."""
+        return not (self._proposals or self._keys_allocated_this_step)
+
     # --- end of a step ------------------------------------------------------------------------
     def commit_step(self, scheduled: set[str] | dict, computed: dict[str, list[int]]) -> None:
         """`scheduled`: the step's scheduled request ids; `computed`: items the encoder runs."""
@@ -185,13 +190,16 @@ class EncoderCacheLedger:
             if decision is Decision.DEFERRED:
                 self._defer(item)
 
-    def drain_news(self) -> EncoderCacheStats | None:
-        """drain(), or None when nothing was counted and the occupancy has not moved since the
-        last drain: most steps are decode steps, and they should cost one comparison."""
+    @property
+    def has_news(self) -> bool:
+        """Something was counted, or the occupancy moved, since the last drain: most steps are
+        decode steps, and for them this should be the only question asked."""
         s = self._stats
-        if s.empty and (s.usage_embeds, s.capacity_embeds) == self._drained_occupancy:
-            return None
-        return self.drain()
+        return not s.empty or (s.usage_embeds, s.capacity_embeds) != self._drained_occupancy
+
+    def drain_news(self) -> EncoderCacheStats | None:
+        """drain(), or None when there is no news."""
+        return self.drain() if self.has_news else None
 
     def drain(self) -> EncoderCacheStats:
         """Counts since the last drain; the occupancy gauges carry over."""

@@ -5,7 +5,6 @@ Prefill means the request has not yet computed its whole prompt (num_computed < 
 from __future__ import annotations
 
 import logging
-from typing import Callable
 
 from mmscope import stages, tracing
 
@@ -17,18 +16,19 @@ class StepTelemetry:
         self.logger = logger
         self.emit_log = emit_log  # the log line comes from the first tensor-parallel rank only
         self.step = 0
+        self._log = False
 
-    def observe(self, shape_of: Callable[[], stages.StepShape]) -> None:
-        """Called once per executed step, on the thread that runs the forward, before it.
-        The shape is computed only when a range or a log line will carry it."""
+    def next_step(self) -> int | None:
+        """Count one executed step (on the forward's thread, before it); the log level of its
+        line, or None when neither a range nor a line needs the step's shape."""
         self.step += 1
         level = logging.INFO if self.step % INFO_EVERY == 0 else logging.DEBUG
-        log = self.emit_log and self.logger.isEnabledFor(level)
-        if not (log or tracing.enabled()):
-            return
-        shape = shape_of()
+        self._log = self.emit_log and self.logger.isEnabledFor(level)
+        return level if self._log or tracing.enabled() else None
+
+    def emit(self, shape: stages.StepShape, level: int) -> None:
         tracing.mark(stages.step_meta_range(shape))
-        if log:
+        if self._log:
             self.logger.log(level, "step_tokens step=%d prefill=%d decode=%d total=%d num_reqs=%d",
                             self.step, shape.prefill, shape.decode, shape.total, shape.reqs)
 

@@ -158,11 +158,14 @@ def saw_allocation(scheduler, request, input_ids, *args, **kwargs) -> None:
 
 def saw_schedule(output, scheduler, *args, **kwargs) -> None:
     manager = scheduler.encoder_cache_manager
-    ledger = ledger_of(manager)
-    ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)
+    ledger = manager.__dict__.get("_mmscope_ledger")
     # The entries schedule() evicted for room this step (get_freed_mm_hashes() drains them into
     # the output); read here rather than by one more hook per step.
     freed = getattr(output, "free_encoder_mm_hashes", None)  # a missing field costs evictions only
+    if (ledger is None or ledger.step_quiet) and not freed and not output.scheduled_encoder_inputs:
+        return  # a decode-only step: nothing to commit, the occupancy has not moved
+    ledger = ledger or ledger_of(manager)
+    ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)
     if freed and _evicts_for_room(type(manager)):
         ledger.evicted(len(freed))
     ledger.occupancy(manager.cache_size - manager.num_free_slots, manager.cache_size)
@@ -177,24 +180,34 @@ def _evicts_for_room(manager_cls) -> bool:
     return manager_cls.get_freed_mm_hashes is EncoderCacheManager.get_freed_mm_hashes
 
 
+def scheduler_created(result, scheduler, *args, **kwargs) -> None:
+    """A worker in the scheduler's process (vLLM's default executor) leaves its stage durations
+    in WORKER for attach_stats to take; only workers in other processes send them on outputs."""
+    WORKER.collected_in_process = True
+
+
 def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=None,
                  *args, **kwargs) -> None:
     """Hand the counts, and the worker's stage durations, to the one EngineCoreOutputs that
     carries this step's SchedulerStats; without one they wait for the next."""
-    # A worker in this process (vLLM's default executor) leaves its durations in WORKER for us
-    # to take when a batch is due; one in another process sends them on its outputs.
-    WORKER.collected_in_process = True
-    pending = scheduler.__dict__.setdefault("_mmscope_stage_durations", {})
-    merge(pending, getattr(model_runner_output, "_mmscope_stage_durations", None))
+    sd = scheduler.__dict__
+    sent = getattr(model_runner_output, "_mmscope_stage_durations", None)  # another process'
+    if sent:
+        merge(sd.setdefault("_mmscope_stage_durations", {}), sent)
+    ledger = scheduler.encoder_cache_manager.__dict__.get("_mmscope_ledger")
+    news = ledger is not None and ledger.has_news
+    stages_due = (WORKER.pending or sd.get("_mmscope_stage_durations")) and _stage_batch_due(scheduler)
+    if not (news or stages_due):
+        return  # most steps: nothing new to send
     for eco in (outputs or {}).values():
-        stats = getattr(eco, "scheduler_stats", None)
+        stats = eco.scheduler_stats
         if stats is not None:
-            news = ledger_of(scheduler.encoder_cache_manager).drain_news()
-            if news is not None:  # None: nothing new, the field stays None and costs nothing
-                stats.encoder_cache_stats = news.to_wire()
-            if (pending or WORKER.pending) and _stage_batch_due(scheduler):
-                stats.mm_stage_durations = merge(pending, WORKER.drain())
-                scheduler._mmscope_stage_durations = {}
+            if news:
+                stats.encoder_cache_stats = ledger.drain().to_wire()
+            if stages_due:
+                stats.mm_stage_durations = merge(sd.pop("_mmscope_stage_durations", {}),
+                                                 WORKER.drain())
+                sd["_mmscope_stages_sent"] = time.monotonic()
             return
 
 
@@ -202,9 +215,5 @@ def _stage_batch_due(scheduler) -> bool:
     """Stage durations travel in batches, at most every STAGE_BATCH_S, so that the histograms
     cost a few observations per batch rather than per step; and whenever the scheduler runs dry,
     so that nothing waits for a next request."""
-    now = time.monotonic()
-    if now - scheduler.__dict__.get("_mmscope_stages_sent", 0.0) < STAGE_BATCH_S \
-            and scheduler.has_unfinished_requests():
-        return False
-    scheduler._mmscope_stages_sent = now
-    return True
+    return (time.monotonic() - scheduler.__dict__.get("_mmscope_stages_sent", 0.0) >= STAGE_BATCH_S
+            or not scheduler.has_unfinished_requests())

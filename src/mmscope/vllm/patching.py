@@ -23,6 +23,16 @@ class HookState:
         self.name = name
         self.enabled = True
         self.error: str | None = None
+        self.retired: str | None = None
+        self._restore: Callable[[], None] | None = None
+
+    def retire(self, reason: str) -> None:
+        """The hook has nothing to do in this process: put vLLM's original back, so that it
+        costs nothing from the next call on (an instrument() after an uninstrument() re-applies
+        it, and it may retire again)."""
+        self.retired = reason
+        if self._restore is not None:
+            self._restore()
 
     def failed(self, exc: BaseException) -> None:
         if self.enabled:
@@ -97,18 +107,25 @@ class Hook:
         wrapped.__mmscope_hook__ = self.name
         setattr(owner, attr, _rewrap_like(raw, wrapped))
         self._owner, self._original = owner, raw
+        self.state.retired, self.state._restore = None, self._put_back
         self.status, self.detail = APPLIED, ""
         return self.status
 
-    def revert(self) -> None:
+    def _put_back(self) -> None:
         if self._owner is not None:
             setattr(self._owner, self.path.rpartition(".")[2], self._original)
             self._owner = self._original = None
+
+    def revert(self) -> None:
+        self._put_back()
+        self.state._restore = None
         self.status = "not applied"
 
     def describe(self) -> str:
         if self.status == APPLIED and not self.state.enabled:
             return f"{OFF} after error: {self.state.error}"
+        if self.status == APPLIED and self.state.retired:
+            return f"retired: {self.state.retired}"
         return self.status + (f": {self.detail}" if self.detail else "")
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 
 from mmscope import stages, tracing
+from mmscope.stage_timing import ENABLED as STAGE_METRICS
 from mmscope.stage_timing import FRONTEND, WORKER, timed_stage
 from mmscope.telemetry import StepTelemetry, split_prefill_decode
 from mmscope.vllm.patching import HookState
@@ -80,26 +82,37 @@ def processor_stage_ranged(original, state: HookState):
 
 
 class _RangedCM:
-    """A timed stage around another context manager (a class: cheaper than @contextmanager)."""
+    """A timed stage around another context manager (a class: cheaper than @contextmanager).
+    The span and the duration are inlined: this runs several times per request."""
 
-    __slots__ = ("stage", "cm")
+    __slots__ = ("name", "cm", "collector", "span", "t0")
 
     def __init__(self, name, cm, collector):
-        self.stage, self.cm = timed_stage(name, collector), cm
+        self.name, self.cm, self.collector = name, cm, collector
+        self.span = tracing.span(name) if tracing.enabled() else None
 
     def __enter__(self):
-        self.stage.__enter__()
+        if self.span is not None:
+            self.span.__enter__()
+        self.t0 = time.perf_counter_ns()
         try:
             return self.cm.__enter__()
         except BaseException:
-            self.stage.__exit__(None, None, None)
+            self._close(None, None, None)
             raise
 
     def __exit__(self, exc_type, exc, tb):
         try:
             return self.cm.__exit__(exc_type, exc, tb)
         finally:
-            self.stage.__exit__(exc_type, exc, tb)
+            self._close(exc_type, exc, tb)
+
+    def _close(self, exc_type, exc, tb):
+        elapsed = time.perf_counter_ns() - self.t0
+        if self.span is not None:
+            self.span.__exit__(exc_type, exc, tb)
+        if STAGE_METRICS:
+            self.collector.record(self.name, elapsed)
 
 
 # --- worker: siblings under `gpu_model_runner: preprocess` -------------------------------------
@@ -114,29 +127,38 @@ def encoder_forward_ranged(original, state: HookState):
     return wrapper
 
 
-def ranged_method(name: str):
-    """A plain method wrapped whole in one range."""
+def timed_method(original, name: str, state: HookState | None = None):
+    """`original` wrapped whole in one worker stage: a span while tracing, and its duration for
+    the histograms. Runs several times per step, so the untraced road is inlined."""
+    now, record = time.perf_counter_ns, WORKER.record
 
-    def factory(original, state: HookState):
-        @functools.wraps(original)
-        def wrapper(*args, **kwargs):
-            if not state.enabled:
-                return original(*args, **kwargs)
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if state is not None and not state.enabled:
+            return original(*args, **kwargs)
+        if tracing.enabled():
             with timed_stage(name, WORKER):
                 return original(*args, **kwargs)
-        return wrapper
-    return factory
+        if not STAGE_METRICS:
+            return original(*args, **kwargs)
+        t0 = now()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            record(name, now() - t0)
+    return wrapper
+
+
+def ranged_method(name: str):
+    """A hook factory: the method wrapped whole in one range (timed_method)."""
+    return lambda original, state: timed_method(original, name, state)
 
 
 def _wrap_instance_method(obj, attr: str, name: str) -> None:
     method = getattr(obj, attr, None)
     if method is None or getattr(method, "__mmscope_range__", None) == name:
         return
-
-    @functools.wraps(method)
-    def ranged(*args, **kwargs):
-        with timed_stage(name, WORKER):
-            return method(*args, **kwargs)
+    ranged = timed_method(method, name)
     ranged.__mmscope_range__ = name
     setattr(obj, attr, ranged)
 
@@ -179,23 +201,37 @@ def _first_tp_rank() -> bool:
 
 def step_shape_seen(runner, scheduler_output, num_scheduled_tokens, *args, **kwargs) -> None:
     global _step_telemetry
-    if _step_telemetry is None:
-        _step_telemetry = StepTelemetry(logging.getLogger("vllm.mmscope.step_tokens"),
-                                        emit_log=_first_tp_rank())
+    telemetry = _step_telemetry
+    if telemetry is None:
+        telemetry = _step_telemetry = StepTelemetry(
+            logging.getLogger("vllm.mmscope.step_tokens"), emit_log=_first_tp_rank())
+    level = telemetry.next_step()
+    if level is None:
+        return  # neither a range nor a log line this step: the shape is not even computed
     batch = runner.input_batch
     n = batch.num_reqs
-    _step_telemetry.observe(lambda: split_prefill_decode(
-        num_scheduled_tokens[:n], batch.num_computed_tokens_cpu[:n], batch.num_prompt_tokens[:n]))
+    telemetry.emit(split_prefill_decode(num_scheduled_tokens[:n], batch.num_computed_tokens_cpu[:n],
+                                        batch.num_prompt_tokens[:n]), level)
 
 
-def attach_worker_timings(output, runner, *args, **kwargs) -> None:
+def worker_timings_attached(original, state: HookState):
     """Worker stage durations ride to EngineCore on the step's ModelRunnerOutput (pickled whole
-    between processes, so an extra attribute survives). vLLM's shared empty output is never
-    written to: the durations wait for the next real one. Where the scheduler runs in this same
-    process, it takes them from WORKER itself (encoder_cache.attach_stats)."""
-    if WORKER.pending and not WORKER.collected_in_process and output is not None \
-            and hasattr(output, "__dict__") and output is not _empty_output():
-        output._mmscope_stage_durations = WORKER.drain()
+    between processes, so an extra attribute survives). Where the scheduler runs in this same
+    process it takes them from WORKER itself (encoder_cache.attach_stats), and the hook retires.
+    vLLM's shared empty output is never written to: the durations wait for the next real one."""
+
+    @functools.wraps(original)
+    def wrapper(runner, *args, **kwargs):
+        output = original(runner, *args, **kwargs)
+        if not state.enabled:
+            return output
+        if WORKER.collected_in_process:
+            state.retire("the scheduler shares this process and takes the durations itself")
+        elif WORKER.pending and output is not None and hasattr(output, "__dict__") \
+                and output is not _empty_output():
+            output._mmscope_stage_durations = WORKER.drain()
+        return output
+    return wrapper
 
 
 @functools.cache

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+# The hot paths read and write them as plain attributes (stats.encoder_cache_stats): a getattr
+# by name costs more on every step.
 FIELD = "encoder_cache_stats"  # EncoderCacheStats.to_wire()
 STAGES_FIELD = "mm_stage_durations"  # worker stage -> durations in ns since the last stats
 FIELDS = {FIELD: dict[str, int] | None, STAGES_FIELD: dict[str, list[int]] | None}

@@ -9,11 +9,11 @@ import functools
 import logging
 import math
 import threading
+import time
 from collections import Counter
 
 from mmscope.accounting import SOURCES, EncoderCacheStats
 from mmscope.stage_timing import FRONTEND, merge
-from mmscope.vllm.schema import FIELD, STAGES_FIELD
 
 # name, documentation: the counters next to vllm:prefix_cache_* and vllm:mm_cache_*; "encoder
 # cache" everywhere so they cannot be mistaken for the processor cache (vllm:mm_cache_*).
@@ -62,7 +62,7 @@ def stats_of(scheduler_stats) -> EncoderCacheStats | None:
         return None
     parsed = scheduler_stats.__dict__.get("_mmscope_parsed")
     if parsed is None:
-        wire = getattr(scheduler_stats, FIELD, None)
+        wire = scheduler_stats.encoder_cache_stats  # declared by schema.py
         parsed = EncoderCacheStats.from_wire(wire) if wire else False
         scheduler_stats._mmscope_parsed = parsed
     return parsed or None
@@ -168,21 +168,43 @@ def prom_created(result, prom_logger, *args, **kwargs) -> None:
 
 def prom_recorded(result, prom_logger, scheduler_stats, iteration_stats=None,
                   mm_cache_stats=None, engine_idx: int = 0) -> None:
+    if scheduler_stats is None:
+        return
+    # Our two fields are None on most steps; API-server stages (timed in this process) wait for
+    # the next worker batch or FRONTEND_BATCH_S, whichever comes first.
+    worker = scheduler_stats.mm_stage_durations
+    frontend_due = worker is not None or _frontend_due()
+    if scheduler_stats.encoder_cache_stats is None and not frontend_due:
+        return
     prom = getattr(prom_logger, "_mmscope_prom", None)
     if prom is None:
         return
     stats = stats_of(scheduler_stats)
     if stats is not None:
         prom.observe(stats, engine_idx)
-    # API-server stages were timed in this process; worker stages came with the stats.
-    worker = getattr(scheduler_stats, STAGES_FIELD, None)
-    if worker or FRONTEND.pending:
+    if frontend_due:
         prom.observe_stages(merge(FRONTEND.drain(), worker), engine_idx)
+
+
+FRONTEND_BATCH_S = 0.25
+_frontend_sent = [0.0]
+
+
+def _frontend_due() -> bool:
+    if not FRONTEND.pending:
+        return False
+    now = time.monotonic()
+    if now - _frontend_sent[0] < FRONTEND_BATCH_S:
+        return False
+    _frontend_sent[0] = now
+    return True
 
 
 # --- LoggingStatLogger hooks: the windowed rate and the log-line suffix -----------------------
 def log_recorded(result, log_logger, scheduler_stats, iteration_stats=None,
                  mm_cache_stats=None, engine_idx: int = 0) -> None:
+    if scheduler_stats is None or scheduler_stats.encoder_cache_stats is None:
+        return  # most steps
     stats = stats_of(scheduler_stats)
     if stats is None or not stats.queries:
         return

@@ -37,6 +37,9 @@ def accounting_hooks() -> list[Hook]:
              observe_before(ec.saw_allocation), "accounting", "EngineCore"),
         Hook("scheduler.commit", f"{SCHED}.schedule", ("self",),
              observe_after(ec.saw_schedule), "accounting", "EngineCore"),
+        Hook("scheduler.created", f"{SCHED}.__init__",
+             ("self", "vllm_config", "kv_cache_config"), observe_after(ec.scheduler_created),
+             "metrics", "EngineCore"),
         Hook("scheduler.emit_stats", f"{SCHED}.update_from_output",
              ("self", "scheduler_output", "model_runner_output"),
              observe_after(ec.attach_stats), "accounting", "EngineCore"),
@@ -87,10 +90,9 @@ def range_hooks() -> list[Hook]:
              ("self", "scheduler_output", "num_scheduled_tokens"),
              observe_before(rg.step_shape_seen), "telemetry", "worker"),
         Hook("stage_metrics.execute_model", f"{RUNNER}.execute_model",
-             ("self", "scheduler_output"), observe_after(rg.attach_worker_timings),
-             "metrics", "worker"),
+             ("self", "scheduler_output"), rg.worker_timings_attached, "metrics", "worker"),
         Hook("stage_metrics.sample_tokens", f"{RUNNER}.sample_tokens", ("self",),
-             observe_after(rg.attach_worker_timings), "metrics", "worker"),
+             rg.worker_timings_attached, "metrics", "worker"),
     ]
 
 
