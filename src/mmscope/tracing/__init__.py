@@ -1,6 +1,7 @@
 """Emit stage ranges: `span(name)` and `mark(name)` routed to the nvtx, chrome or no backend.
 
 Selected by MMSCOPE_TRACE=off|nvtx|chrome (comma-separated) or VLLM_NVTX_SCOPES_FOR_PROFILING=1.
+Hot `with` blocks take their span from `span_factory()`, the cheapest one for the configuration.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ _backends: tuple[Backend, ...] = ()
 # span's enter/exit call these two directly: one call each, whatever the number of backends.
 _begin: Callable[[str], object] = lambda name: None
 _end: Callable[[str, object], None] = lambda name, token: None
+# What span_factory() returns; set with the backends, by _install.
+_span_factory: Callable[[str], object] | None = None
 
 
 def parse_spec(spec: str | None, vllm_nvtx: bool = False) -> tuple[str, ...]:
@@ -55,7 +58,7 @@ def configure(spec: str | None = None, trace_dir: str | None = None) -> tuple[st
 
 
 def _install(backends: tuple[Backend, ...]) -> None:
-    global _backends, _begin, _end
+    global _backends, _begin, _end, _span_factory
     if len(backends) == 1:
         _begin, _end = backends[0].begin, backends[0].end
     else:
@@ -65,6 +68,8 @@ def _install(backends: tuple[Backend, ...]) -> None:
         def _end(name, tokens):
             for b, tok in zip(reversed(backends), reversed(tokens)):
                 b.end(name, tok)
+    own = getattr(backends[0], "span_factory", None) if len(backends) == 1 else None
+    _span_factory = own if own is not None else span
     _backends = backends
 
 
@@ -76,6 +81,13 @@ def active() -> tuple[str, ...]:
 def enabled() -> bool:
     """Whether any backend records: cheap enough for a per-step check."""
     return bool(_backends)
+
+
+def span_factory() -> Callable[[str], object]:
+    """The cheapest `name -> context manager` for the current configuration, for `with` blocks
+    only (not a decorator): the chrome backend's C span when chrome is the only backend that
+    records and the extension is built, else `span`. Ask again after each configure()."""
+    return _span_factory
 
 
 def flush() -> None:
@@ -109,7 +121,7 @@ class span:
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with span(name):
+            with _span_factory(name):  # looked up per call: it follows configure()
                 return fn(*args, **kwargs)
         return wrapper
 

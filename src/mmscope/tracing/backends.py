@@ -1,10 +1,11 @@
 """The tracing backends behind `span`/`mark`: NVTX ranges and Chrome trace-event files.
 
-Each backend has begin(name) -> token, end(name, token), mark(name), flush() and close().
+Each backend has begin(name) -> token, end(name, token), mark(name), flush() and close(), and
+span_factory: its own cheaper span where it has one (the chrome backend's C span), else None.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 from mmscope.tracing.chrome import ChromeTraceWriter
 
@@ -12,6 +13,8 @@ from mmscope.tracing.chrome import ChromeTraceWriter
 class Backend(Protocol):
     name: str
     live: bool  # False when nothing would be recorded (NVTX with no tool attached)
+    # name -> context manager recording on this backend alone, cheaper than tracing.span; or None
+    span_factory: Callable[[str], object] | None
 
     def begin(self, name: str) -> object: ...
     def end(self, name: str, token: object) -> None: ...
@@ -24,6 +27,7 @@ class NvtxBackend:
     """Push/pop ranges in NVTX's default domain, where vLLM's own `nvtx.annotate` ranges live."""
 
     name = "nvtx"
+    span_factory = None
 
     def __init__(self):
         import nvtx
@@ -70,6 +74,7 @@ class ChromeBackend:
     def __init__(self, trace_dir: str):
         self.writer = ChromeTraceWriter.for_process(trace_dir)
         self._now, self._complete = self.writer.now, self.writer.complete
+        self.span_factory = self.writer.c_span_factory()
 
     def begin(self, name: str) -> int:
         return self._now()  # the token is the start time

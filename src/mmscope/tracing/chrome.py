@@ -29,7 +29,8 @@ class ChromeTraceWriter:
         self.pending: list[tuple[str, int, int, int]] = []
         self.thread_names: dict[int, str] = {}
         self._new_threads: list[int] = []
-        self.dropped = 0
+        self._dropped = 0
+        self._c_spans = None  # the C span factory, made on first request
         self.closed = False
         self._quoted: dict[str, str] = {}
         self._flush_lock = threading.Lock()
@@ -54,6 +55,19 @@ class ChromeTraceWriter:
                 writer = cls._writers[key] = cls(path)
             return writer
 
+    @property
+    def dropped(self) -> int:
+        """Events counted but not stored (pending was full), by either path."""
+        return self._dropped + (self._c_spans.dropped if self._c_spans is not None else 0)
+
+    def c_span_factory(self):
+        """A C factory of spans that append to this writer's `pending`, or None where the
+        extension lacks it; one per writer, so that its thread set and drop count are the writer's.
+        It holds MAX_PENDING as it is now (as `max_pending`): the hot path reads no global."""
+        if self._c_spans is None and _CSpanFactory is not None:
+            self._c_spans = _CSpanFactory(self.pending, self._register_tid, MAX_PENDING)
+        return self._c_spans
+
     def complete(self, name: str, start_ns: int, end_ns: int) -> None:
         try:
             tid = self._tls.tid  # get_native_id() is a system call: 3x this lookup
@@ -63,14 +77,18 @@ class ChromeTraceWriter:
         if len(pending) < MAX_PENDING:
             pending.append((name, start_ns, end_ns, tid))
         else:
-            self.dropped += 1
+            self._dropped += 1
 
     def _register_thread(self) -> int:
         tid = self._tls.tid = threading.get_native_id()
+        self._register_tid(tid)
+        return tid
+
+    def _register_tid(self, tid: int) -> None:
+        # Called by both paths (the C span once per thread and factory), so idempotent.
         if tid not in self.thread_names:
             self.thread_names[tid] = threading.current_thread().name
             self._new_threads.append(tid)
-        return tid
 
     def _start_flusher(self) -> None:
         def loop():
@@ -145,9 +163,12 @@ def format_events(events: list, quoted: dict[str, str], pid: int) -> bytes:
 
 
 try:  # built by pip install (setup.py); optional, the Python formatter writes the same bytes
-    from mmscope.tracing._chrome_format import format_events as _c_format
+    from mmscope.tracing import _chrome_format
 except ImportError:
-    _c_format = None
+    _chrome_format = None
+_c_format = getattr(_chrome_format, "format_events", None)
+# The C span (Linux only): without it tracing.span_factory() hands out the Python span.
+_CSpanFactory = getattr(_chrome_format, "ChromeSpanFactory", None)
 
 
 def read_events(text: str) -> list | dict:
