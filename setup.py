@@ -4,7 +4,8 @@ Three are loaded with dlopen/ctypes, not imported: `_nvtx_inject` is the NVTX in
 `mmscope record`, `_sqlite_pages` writes the recorded NVTX table straight into SQLite pages,
 `_analysis_kernels` holds the analyzer's hot loops (optional everywhere: without it the analyzer
 takes its numpy road). `_chrome_format` is a Python extension module: the chrome tracing
-backend's event formatter (optional too: chrome.py formats the same bytes in Python).
+backend's event formatter (optional too: chrome.py formats the same bytes in Python). So is
+`_wrappers`: the hook wrappers' mechanics (optional: patching.py has the same wrappers in Python).
 """
 import platform
 import sys
@@ -63,6 +64,12 @@ setup(
         Extension(
             "mmscope.tracing._chrome_format",
             sources=["src/mmscope/tracing/_chrome_format.c"],
+            extra_compile_args=list(COMMON),
+            optional=True,
+        ),
+        Extension(
+            "mmscope.vllm._wrappers",
+            sources=["src/mmscope/vllm/_wrappers.c"],
             extra_compile_args=list(COMMON),
             optional=True,
         ),

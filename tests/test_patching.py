@@ -9,8 +9,23 @@ import sys
 
 import pytest
 
+from mmscope.vllm import patching
 from mmscope.vllm.patching import (APPLIED, MISMATCH, MISSING, Hook, observe_after,
-                                   observe_around)
+                                   observe_around, observe_before)
+
+ON_LINUX = sys.platform.startswith("linux")
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def wrappers(request, monkeypatch):
+    """Every test runs with the C wrappers and with the Python ones: they must behave alike."""
+    if request.param == "python":
+        monkeypatch.setattr(patching, "_native", None)
+    elif patching._native is None:
+        if ON_LINUX:
+            pytest.fail("mmscope.vllm._wrappers is not built (pip install -e . builds it)")
+        pytest.skip("the C wrappers are optional off Linux")
+    return request.param
 
 
 class Target:
@@ -111,6 +126,61 @@ def test_missing_target_and_signature_mismatch_are_reported(caplog):
     assert wrong.apply() == MISMATCH
     assert wrong.detail == "expected (self, request, ...), found (self, x, y)"
     assert Target.work.__name__ == "work" and not hasattr(Target.work, "__mmscope_hook__")
+
+
+def test_arguments_pass_through_unchanged_and_the_observer_sees_them():
+    calls = []
+    before = Hook("test.before", f"{__name__}:Target.work", ("self", "x"),
+                  observe_before(lambda *a, **k: calls.append(("before", a[1:], k))), "test", "test")
+    before.apply()
+    try:
+        assert Target().work(2, y=5) == 7 and Target().work(x=1) == 2 and Target.work(Target(), 3) == 4
+        assert calls == [("before", (2,), {"y": 5}), ("before", (), {"x": 1}), ("before", (3,), {})]
+        bound = Target().work
+        assert bound.__self__.__class__ is Target and bound(4) == 5  # binds like a function
+        assert Target.work.__name__ == "work" and Target.work.__wrapped__ is before._original
+    finally:
+        before.revert()
+
+
+def test_an_interrupt_inside_an_observer_is_not_swallowed():
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+    h = hook("work", interrupt)
+    h.apply()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Target().work(1)
+        assert h.state.enabled
+    finally:
+        h.revert()
+
+
+def test_the_probe_gate_opens_only_for_requests_with_items_ahead():
+    from types import SimpleNamespace as NS
+
+    from mmscope.vllm.encoder_cache import items_ahead, items_ahead_gate
+
+    class Scheduler:
+        def try_schedule(self, request, num_computed_tokens, num_new_tokens, budget, shift=0):
+            return "original"
+
+    looked = []
+    state = patching.HookState("test.gate")
+    gate = items_ahead_gate(Scheduler.try_schedule,
+                            lambda *a, **k: looked.append((a[2], k)) or "probe", state)
+    item = lambda offset, length: NS(mm_position=NS(offset=offset, length=length))  # noqa: E731
+    requests = [NS(mm_features=None), NS(mm_features=[]),
+                NS(mm_features=[item(0, 4), item(10, 5)])]
+    for request in requests:
+        for computed in (0, 9, 14, 15, 40):
+            result = gate(Scheduler(), request, computed, 1, 100, shift=2)
+            assert (result == "probe") == items_ahead(request, computed), (request, computed)
+    assert looked == [(0, {"shift": 2}), (9, {"shift": 2}), (14, {"shift": 2})]
+    # A request the check cannot read turns the hook off; vLLM's call still goes through.
+    assert gate(Scheduler(), NS(mm_features=[NS()]), 0, 1, 100) == "original"
+    assert not state.enabled and "AttributeError" in state.error
+    assert gate(Scheduler(), requests[2], 0, 1, 100) == "original"  # off: vLLM's road only
 
 
 @pytest.mark.vllm

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from mmscope import access_log
 from mmscope.accounting import Decision, EncoderCacheLedger, Item, probe_line
 from mmscope.stage_timing import WORKER, merge
-from mmscope.vllm.patching import HookState, logger, observe_around
+from mmscope.vllm.patching import HookState, logger, native_wrapper, observe_around
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
 STAGE_BATCH_S = 0.25
@@ -91,10 +91,19 @@ def begin_probe(scheduler, request, *args, **kwargs) -> _Probe:
 
 
 def probe_wrapped(original, state: HookState):
-    """observe_around(begin_probe, end_probe) with the decode-step opt-out inlined: vLLM calls
-    this for every running request in every step, and for a request whose items are all behind
-    it (every decode step) the wrapper should cost one check, not the probe's bookkeeping."""
-    around = observe_around(begin_probe, end_probe)(original, state)
+    """observe_around(begin_probe, end_probe), opened only for requests with items ahead: vLLM
+    calls this for every running request in every step, and for a request whose items are all
+    behind it (every decode step) the wrapper should cost one check, not the probe's bookkeeping."""
+    return items_ahead_gate(original, observe_around(begin_probe, end_probe)(original, state),
+                            state)
+
+
+def items_ahead_gate(original, around, state: HookState):
+    """`around(*args)` for a request with items ahead, `original(*args)` otherwise; in C where
+    the extension is built (the same check as items_ahead)."""
+    native = native_wrapper(original, around, state, "ITEMS_AHEAD")
+    if native is not None:
+        return native
 
     @functools.wraps(original)
     def wrapper(scheduler, request, num_computed_tokens, *args, **kwargs):

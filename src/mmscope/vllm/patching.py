@@ -8,6 +8,7 @@ import functools
 import importlib
 import inspect
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -141,11 +142,34 @@ def _rewrap_like(raw, func):
     return func
 
 
+try:  # built by pip install (setup.py); optional: the Python wrappers below do the same
+    from mmscope.vllm import _wrappers as _native
+except ImportError:
+    _native = None
+if os.environ.get("MMSCOPE_PY_WRAPPERS", "0") not in ("", "0"):
+    _native = None  # the Python wrappers, e.g. to compare the two
+
+
+def native_wrapper(original: Callable, observe: Callable, state: HookState,
+                   mode: str) -> Callable | None:
+    """The C wrapper (mode AFTER, BEFORE or ITEMS_AHEAD) where it is built, else None. It passes
+    the caller's arguments through with vectorcall and binds like a function: a Python wrapper's
+    frame costs microseconds in vLLM's step loop, where caches are cold after every forward."""
+    if _native is None:
+        return None
+    wrapper = _native.Wrapper(original, observe, state, getattr(_native, mode))
+    return functools.update_wrapper(wrapper, original)
+
+
 def observe_after(observe: Callable) -> Callable[[Callable, HookState], Callable]:
     """A wrapper factory: call the original, then `observe(result, *args, **kwargs)` safely.
     vLLM's own exceptions pass through untouched; ours turn the hook off."""
 
     def factory(original: Callable, state: HookState) -> Callable:
+        native = native_wrapper(original, observe, state, "AFTER")
+        if native is not None:
+            return native
+
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
             result = original(*args, **kwargs)
@@ -163,6 +187,10 @@ def observe_before(observe: Callable) -> Callable[[Callable, HookState], Callabl
     """A wrapper factory: `observe(*args, **kwargs)` safely, then call the original."""
 
     def factory(original: Callable, state: HookState) -> Callable:
+        native = native_wrapper(original, observe, state, "BEFORE")
+        if native is not None:
+            return native
+
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
             if state.enabled:

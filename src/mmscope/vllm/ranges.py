@@ -89,7 +89,7 @@ class _RangedCM:
 
     def __init__(self, name, cm, collector):
         self.name, self.cm, self.collector = name, cm, collector
-        self.span = tracing.span(name) if tracing.enabled() else None
+        self.span = tracing.span_factory()(name) if tracing.enabled() else None
 
     def __enter__(self):
         if self.span is not None:
@@ -254,7 +254,7 @@ def route_vllm_ranges() -> bool:
     if envs.VLLM_CUSTOM_SCOPES_FOR_PROFILING:
         from torch.autograd.profiler import record_function as inner
     # VLLM_NVTX_SCOPES_FOR_PROFILING: our `nvtx` backend already emits the NVTX range.
-    vutils._PROFILER_FUNC = _combined(inner) if inner else tracing.span
+    vutils._PROFILER_FUNC = _combined(inner) if inner else tracing.span_factory()
     return True
 
 

@@ -1,0 +1,278 @@
+/* The mechanics of mmscope's hook wrappers in C: call vLLM's original, then (or before) our observer.
+ *
+ * In vLLM's step loop every Python frame a wrapper adds runs with cold caches (after each forward)
+ * and costs microseconds; these wrappers pass the caller's arguments straight through with
+ * vectorcall, bind like Python functions (no bound-method object per call), and call the Python
+ * observer only when its hook is enabled. patching.py keeps equivalent Python closures as the
+ * fallback and the reference: same calls, same exception rules (an Exception raised by the observer
+ * turns the hook off through state.failed(exc); vLLM's own exceptions pass through untouched).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+enum { MODE_AFTER = 0, MODE_BEFORE = 1, MODE_ITEMS_AHEAD = 2 };
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *original;
+    PyObject *observe; /* AFTER: observe(result, *args); BEFORE: observe(*args); GATE: around(*args) */
+    PyObject *state;   /* HookState: .enabled, .failed(exc) */
+    PyObject *dict;    /* functools.wraps writes __name__, __wrapped__, ... here */
+    int mode;
+} Wrapper;
+
+static PyObject *s_enabled, *s_failed, *s_mm_features, *s_mm_position, *s_offset, *s_length;
+
+static int state_enabled(Wrapper *w) {
+    PyObject *v = PyObject_GetAttr(w->state, s_enabled);
+    if (v == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int on = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (on < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return on;
+}
+
+/* An exception raised by our own code: an Exception turns the hook off and is swallowed;
+ * anything else (KeyboardInterrupt, SystemExit) propagates, as in the Python wrappers.
+ * Returns 0 when swallowed, -1 when the error must propagate. */
+static int our_error(Wrapper *w) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *r = PyObject_CallMethodOneArg(w->state, s_failed, value ? value : Py_None);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (r == NULL)
+        PyErr_Clear(); /* failed() itself failing must not reach vLLM either */
+    Py_XDECREF(r);
+    return 0;
+}
+
+/* observe(first, *args, **kw) with `first` prepended when not NULL. */
+static PyObject *call_observer(Wrapper *w, PyObject *first, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (first == NULL)
+        return PyObject_Vectorcall(w->observe, args, nargs, kwnames);
+    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[10];
+    PyObject **buf = total + 1 <= 10 ? small : PyMem_Malloc((total + 1) * sizeof(PyObject *));
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    buf[0] = first;
+    for (Py_ssize_t i = 0; i < total; i++)
+        buf[i + 1] = args[i];
+    PyObject *r = PyObject_Vectorcall(w->observe, buf, nargs + 1, kwnames);
+    if (buf != small)
+        PyMem_Free(buf);
+    return r;
+}
+
+/* vLLM's _try_schedule_encoder_inputs(self, request, num_computed_tokens, ...): whether some
+ * multimodal item of the request lies at or after the computed tokens (encoder_cache.items_ahead). */
+static int items_ahead(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int *ahead) {
+    *ahead = 0;
+    if (nargs < 3) /* called with keywords: not vLLM's way; the Python gate would handle it */
+        return kwnames ? 1 : 0;
+    PyObject *features = PyObject_GetAttr(args[1], s_mm_features);
+    if (features == NULL)
+        return -1;
+    int rc = 0;
+    Py_ssize_t n = features == Py_None ? 0 : PyObject_Length(features);
+    if (n < 0) {
+        rc = -1;
+    } else if (n > 0) {
+        PyObject *last = PySequence_GetItem(features, n - 1);
+        PyObject *pos = last ? PyObject_GetAttr(last, s_mm_position) : NULL;
+        PyObject *offset = pos ? PyObject_GetAttr(pos, s_offset) : NULL;
+        PyObject *length = offset ? PyObject_GetAttr(pos, s_length) : NULL;
+        PyObject *end = length ? PyNumber_Add(offset, length) : NULL;
+        int lt = end ? PyObject_RichCompareBool(args[2], end, Py_LT) : -1;
+        if (lt < 0)
+            rc = -1;
+        else
+            *ahead = lt;
+        Py_XDECREF(end);
+        Py_XDECREF(length);
+        Py_XDECREF(offset);
+        Py_XDECREF(pos);
+        Py_XDECREF(last);
+    }
+    Py_DECREF(features);
+    return rc;
+}
+
+static PyObject *wrapper_call(PyObject *self, PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames) {
+    Wrapper *w = (Wrapper *)self;
+    if (w->mode == MODE_AFTER) {
+        PyObject *result = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+        if (result == NULL || !state_enabled(w))
+            return result;
+        PyObject *r = call_observer(w, result, args, nargsf, kwnames);
+        if (r == NULL && our_error(w) < 0) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        Py_XDECREF(r);
+        return result;
+    }
+    if (w->mode == MODE_BEFORE) {
+        if (state_enabled(w)) {
+            PyObject *r = call_observer(w, NULL, args, nargsf, kwnames);
+            if (r == NULL && our_error(w) < 0)
+                return NULL;
+            Py_XDECREF(r);
+        }
+        return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+    }
+    /* MODE_ITEMS_AHEAD: the around-wrapper (Python) only for requests with items still ahead. */
+    int ahead = 0;
+    if (state_enabled(w)) {
+        int rc = items_ahead(args, PyVectorcall_NARGS(nargsf), kwnames, &ahead);
+        if (rc < 0) {
+            if (our_error(w) < 0)
+                return NULL;
+            ahead = 0;
+        } else if (rc > 0) {
+            ahead = 1; /* unusual call shape: the Python road decides */
+        }
+    }
+    return PyObject_Vectorcall(ahead ? w->observe : w->original, args, nargsf, kwnames);
+}
+
+static PyObject *wrapper_tp_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+/* Bind like a function: looked up on an instance, a bound method (LOAD_METHOD skips even that,
+ * thanks to Py_TPFLAGS_METHOD_DESCRIPTOR). */
+static PyObject *wrapper_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)type;
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
+    Py_VISIT(w->original);
+    Py_VISIT(w->observe);
+    Py_VISIT(w->state);
+    Py_VISIT(w->dict);
+    return 0;
+}
+
+static int wrapper_clear(Wrapper *w) {
+    Py_CLEAR(w->original);
+    Py_CLEAR(w->observe);
+    Py_CLEAR(w->state);
+    Py_CLEAR(w->dict);
+    return 0;
+}
+
+static void wrapper_dealloc(Wrapper *w) {
+    PyObject_GC_UnTrack(w);
+    wrapper_clear(w);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *original, *observe, *state;
+    int mode;
+    static char *kw[] = {"original", "observe", "state", "mode", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi", kw, &original, &observe, &state, &mode))
+        return NULL;
+    if (mode < MODE_AFTER || mode > MODE_ITEMS_AHEAD) {
+        PyErr_SetString(PyExc_ValueError, "mode must be AFTER, BEFORE or ITEMS_AHEAD");
+        return NULL;
+    }
+    if (!PyCallable_Check(original) || !PyCallable_Check(observe)) {
+        PyErr_SetString(PyExc_TypeError, "original and observe must be callable");
+        return NULL;
+    }
+    Wrapper *w = (Wrapper *)type->tp_alloc(type, 0);
+    if (w == NULL)
+        return NULL;
+    w->vectorcall = wrapper_call;
+    Py_INCREF(original);
+    w->original = original;
+    Py_INCREF(observe);
+    w->observe = observe;
+    Py_INCREF(state);
+    w->state = state;
+    w->mode = mode;
+    return (PyObject *)w;
+}
+
+static PyMemberDef wrapper_members[] = {
+    {"mode", T_INT, offsetof(Wrapper, mode), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef wrapper_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject WrapperType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mmscope.vllm._wrappers.Wrapper",
+    .tp_doc = "A hook wrapper: vLLM's original plus mmscope's observer (see patching.py).",
+    .tp_basicsize = sizeof(Wrapper),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_new = wrapper_new,
+    .tp_dealloc = (destructor)wrapper_dealloc,
+    .tp_traverse = (traverseproc)wrapper_traverse,
+    .tp_clear = (inquiry)wrapper_clear,
+    .tp_call = wrapper_tp_call,
+    .tp_vectorcall_offset = offsetof(Wrapper, vectorcall),
+    .tp_descr_get = wrapper_get,
+    .tp_dictoffset = offsetof(Wrapper, dict),
+    .tp_members = wrapper_members,
+    .tp_getset = wrapper_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "mmscope.vllm._wrappers",
+    "mmscope's hook wrappers in C (patching.py holds the Python equivalents).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__wrappers(void) {
+    if (PyType_Ready(&WrapperType) < 0)
+        return NULL;
+    if (!(s_enabled = PyUnicode_InternFromString("enabled")) ||
+        !(s_failed = PyUnicode_InternFromString("failed")) ||
+        !(s_mm_features = PyUnicode_InternFromString("mm_features")) ||
+        !(s_mm_position = PyUnicode_InternFromString("mm_position")) ||
+        !(s_offset = PyUnicode_InternFromString("offset")) ||
+        !(s_length = PyUnicode_InternFromString("length")))
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&WrapperType);
+    if (PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0 ||
+        PyModule_AddIntConstant(m, "AFTER", MODE_AFTER) < 0 ||
+        PyModule_AddIntConstant(m, "BEFORE", MODE_BEFORE) < 0 ||
+        PyModule_AddIntConstant(m, "ITEMS_AHEAD", MODE_ITEMS_AHEAD) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
