@@ -6,12 +6,13 @@ import json
 import logging
 import subprocess
 import sys
+from types import SimpleNamespace as NS
 
 import pytest
 
 from mmscope.vllm import patching
-from mmscope.vllm.patching import (APPLIED, MISMATCH, MISSING, Hook, observe_after,
-                                   observe_around, observe_before)
+from mmscope.vllm.patching import (APPLIED, MISMATCH, MISSING, RESULT, Hook, all_clear, any_set,
+                                   every, observe_after, observe_around, observe_before)
 
 ON_LINUX = sys.platform.startswith("linux")
 
@@ -157,8 +158,6 @@ def test_an_interrupt_inside_an_observer_is_not_swallowed():
 
 
 def test_the_probe_gate_opens_only_for_requests_with_items_ahead():
-    from types import SimpleNamespace as NS
-
     from mmscope.vllm.encoder_cache import items_ahead, items_ahead_gate
 
     class Scheduler:
@@ -181,6 +180,48 @@ def test_the_probe_gate_opens_only_for_requests_with_items_ahead():
     assert gate(Scheduler(), NS(mm_features=[NS()]), 0, 1, 100) == "original"
     assert not state.enabled and "AttributeError" in state.error
     assert gate(Scheduler(), requests[2], 0, 1, 100) == "original"  # off: vLLM's road only
+
+
+class Owner:
+    def step(self, stats, flag=None):
+        return NS(work=stats.work, evicted=[])
+
+
+def test_the_when_guard_calls_the_observer_only_when_a_clause_holds():
+    calls = []
+    when = (any_set(RESULT, "work", "evicted"), any_set(1, "news"),
+            all_clear(0, "running", "waiting"))
+    h = Hook("test.guard", f"{__name__}:Owner.step", ("self", "stats"),
+             observe_after(lambda result, owner, stats, *a, **k: calls.append(stats.tag), when),
+             "test", "test")
+    h.apply()
+    try:
+        busy = Owner()
+        busy.running, busy.waiting = [1], []
+        busy.step(NS(tag="quiet", work=0))  # no clause holds: no observer call
+        busy.step(NS(tag="work", work=3))  # the result's attribute
+        busy.step(NS(tag="news", work=0, news=True))  # an argument's attribute
+        busy.step(NS(tag="missing", work=0, news=None))  # missing or None: false
+        idle = Owner()
+        idle.running, idle.waiting = [], ()
+        idle.step(NS(tag="dry", work=0))  # every listed attribute empty
+        Owner.step(busy, stats=NS(tag="keyword", work=0))  # fewer positionals: observer decides
+        assert calls == ["work", "news", "dry", "keyword"]
+    finally:
+        h.revert()
+
+
+def test_a_timer_clause_holds_once_per_period():
+    calls = []
+    h = Hook("test.timer", f"{__name__}:Target.work", ("self", "x"),
+             observe_before(lambda *a, **k: calls.append(a[1]), when=(every(3600),)), "test", "test")
+    h.apply()
+    try:
+        for x in range(3):
+            Target().work(x)
+        assert calls == [0]  # the first call holds, the next ones fall within the hour
+    finally:
+        h.revert()
 
 
 @pytest.mark.vllm

@@ -10,8 +10,23 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <time.h>
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define _PyObject_LookupAttr PyObject_GetOptionalAttr
+#endif
 
 enum { MODE_AFTER = 0, MODE_BEFORE = 1, MODE_ITEMS_AHEAD = 2 };
+
+/* One clause of a hook's `when` guard (patching.py documents the forms): the observer runs when
+ * any clause holds, so quiet steps cost no Python call at all. */
+typedef struct {
+    int source;       /* -1: the result; i >= 0: the i-th positional argument */
+    PyObject *attrs;  /* tuple of interned attribute names; NULL for a timer clause */
+    int want_any;     /* 1: some attribute truthy; 0: every attribute falsy (or missing) */
+    double every;     /* a timer clause: at least this many seconds since it last held */
+    double last;
+} Clause;
 
 typedef struct {
     PyObject_HEAD
@@ -21,6 +36,8 @@ typedef struct {
     PyObject *state;   /* HookState: .enabled, .failed(exc) */
     PyObject *dict;    /* functools.wraps writes __name__, __wrapped__, ... here */
     int mode;
+    Py_ssize_t nclauses;
+    Clause *clauses;
 } Wrapper;
 
 static PyObject *s_enabled, *s_failed, *s_mm_features, *s_mm_position, *s_offset, *s_length;
@@ -58,6 +75,122 @@ static int our_error(Wrapper *w) {
     if (r == NULL)
         PyErr_Clear(); /* failed() itself failing must not reach vLLM either */
     Py_XDECREF(r);
+    return 0;
+}
+
+
+static double monotonic_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Truthiness of obj.attr; a missing attribute, or one whose truth cannot be told, is false
+ * (-1 only for "cannot tell", which makes the guard pass: the observer decides then). */
+static int attr_truth(PyObject *obj, PyObject *name) {
+    PyObject *v;
+    int found = _PyObject_LookupAttr(obj, name, &v);
+    if (found <= 0) {
+        if (found < 0)
+            PyErr_Clear();
+        return found;
+    }
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (t < 0)
+        PyErr_Clear();
+    return t;
+}
+
+static int guard_passes(Wrapper *w, PyObject *result, PyObject *const *args, Py_ssize_t nargs) {
+    if (w->nclauses == 0)
+        return 1;
+    for (Py_ssize_t i = 0; i < w->nclauses; i++) {
+        Clause *c = &w->clauses[i];
+        if (c->attrs == NULL) {
+            double now = monotonic_s();
+            if (now - c->last >= c->every) {
+                c->last = now;
+                return 1;
+            }
+            continue;
+        }
+        PyObject *obj = c->source < 0 ? result : (c->source < nargs ? args[c->source] : NULL);
+        if (obj == NULL)
+            return 1; /* called in an unusual way: the observer decides */
+        Py_ssize_t n = PyTuple_GET_SIZE(c->attrs);
+        int holds = !c->want_any;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            int t = attr_truth(obj, PyTuple_GET_ITEM(c->attrs, k));
+            if (t < 0)
+                return 1;
+            if (c->want_any && t) {
+                holds = 1;
+                break;
+            }
+            if (!c->want_any && t) {
+                holds = 0;
+                break;
+            }
+        }
+        if (holds)
+            return 1;
+    }
+    return 0;
+}
+
+static void free_clauses(Wrapper *w) {
+    for (Py_ssize_t i = 0; i < w->nclauses; i++)
+        Py_CLEAR(w->clauses[i].attrs);
+    PyMem_Free(w->clauses);
+    w->clauses = NULL;
+    w->nclauses = 0;
+}
+
+/* `when`: a tuple of clauses, each (source, (attr, ...), want_any) or (seconds,). */
+static int parse_clauses(Wrapper *w, PyObject *when) {
+    if (when == NULL || when == Py_None)
+        return 0;
+    if (!PyTuple_Check(when)) {
+        PyErr_SetString(PyExc_TypeError, "when must be a tuple of clauses");
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(when);
+    w->clauses = PyMem_Calloc(n ? n : 1, sizeof(Clause));
+    if (w->clauses == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PyTuple_GET_ITEM(when, i);
+        Clause *out = &w->clauses[i];
+        w->nclauses = i + 1;
+        if (PyTuple_Check(c) && PyTuple_GET_SIZE(c) == 1) {
+            out->every = PyFloat_AsDouble(PyTuple_GET_ITEM(c, 0));
+            out->last = -1e300;
+            if (out->every < 0 && PyErr_Occurred())
+                return -1;
+            continue;
+        }
+        PyObject *attrs;
+        int source, want_any;
+        if (!PyTuple_Check(c) || !PyArg_ParseTuple(c, "iO!p", &source, &PyTuple_Type, &attrs,
+                                                   &want_any)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a clause is (source, attrs, want_any) or (seconds,)");
+            return -1;
+        }
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attrs); k++) {
+            if (!PyUnicode_Check(PyTuple_GET_ITEM(attrs, k))) {
+                PyErr_SetString(PyExc_TypeError, "attribute names must be str");
+                return -1;
+            }
+        }
+        Py_INCREF(attrs);
+        out->attrs = attrs;
+        out->source = source;
+        out->want_any = want_any;
+    }
     return 0;
 }
 
@@ -120,7 +253,8 @@ static PyObject *wrapper_call(PyObject *self, PyObject *const *args, size_t narg
     Wrapper *w = (Wrapper *)self;
     if (w->mode == MODE_AFTER) {
         PyObject *result = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
-        if (result == NULL || !state_enabled(w))
+        if (result == NULL || !guard_passes(w, result, args, PyVectorcall_NARGS(nargsf)) ||
+            !state_enabled(w))
             return result;
         PyObject *r = call_observer(w, result, args, nargsf, kwnames);
         if (r == NULL && our_error(w) < 0) {
@@ -131,7 +265,7 @@ static PyObject *wrapper_call(PyObject *self, PyObject *const *args, size_t narg
         return result;
     }
     if (w->mode == MODE_BEFORE) {
-        if (state_enabled(w)) {
+        if (guard_passes(w, NULL, args, PyVectorcall_NARGS(nargsf)) && state_enabled(w)) {
             PyObject *r = call_observer(w, NULL, args, nargsf, kwnames);
             if (r == NULL && our_error(w) < 0)
                 return NULL;
@@ -188,14 +322,16 @@ static int wrapper_clear(Wrapper *w) {
 static void wrapper_dealloc(Wrapper *w) {
     PyObject_GC_UnTrack(w);
     wrapper_clear(w);
+    free_clauses(w);
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
 static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *original, *observe, *state;
+    PyObject *original, *observe, *state, *when = NULL;
     int mode;
-    static char *kw[] = {"original", "observe", "state", "mode", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi", kw, &original, &observe, &state, &mode))
+    static char *kw[] = {"original", "observe", "state", "mode", "when", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|O", kw, &original, &observe, &state,
+                                     &mode, &when))
         return NULL;
     if (mode < MODE_AFTER || mode > MODE_ITEMS_AHEAD) {
         PyErr_SetString(PyExc_ValueError, "mode must be AFTER, BEFORE or ITEMS_AHEAD");
@@ -216,6 +352,10 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     Py_INCREF(state);
     w->state = state;
     w->mode = mode;
+    if (parse_clauses(w, when) < 0) {
+        Py_DECREF(w);
+        return NULL;
+    }
     return (PyObject *)w;
 }
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 
 from mmscope import access_log
@@ -16,7 +15,7 @@ from mmscope.stage_timing import WORKER, merge
 from mmscope.vllm.patching import HookState, logger, native_wrapper, observe_around
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
-STAGE_BATCH_S = 0.25
+STAGE_BATCH_S = 0.25  # worker stage durations travel at most this often while busy
 
 
 def probe_enabled() -> bool:
@@ -129,6 +128,7 @@ def end_probe(probe: _Probe | None, result, scheduler, request, *args, **kwargs)
     to_compute, _num_new_tokens, _budget, external_load, duplicates = result
     if not (to_compute or external_load or duplicates or probe.local_hits or probe.deferred):
         return
+    scheduler._mmscope_proposed = True  # schedule()'s guard (targets.py): a commit is due
     decisions = {i: Decision.LOCAL_HIT for i in probe.local_hits}
     decisions.update({i: Decision.DEFERRED for i in probe.deferred})
     decisions.update({i: Decision.COMPUTE for i in to_compute})
@@ -160,24 +160,26 @@ def saw_free(manager, request, *args, **kwargs) -> None:
 
 # --- Scheduler: commits and emission ----------------------------------------------------------
 def saw_allocation(scheduler, request, input_ids, *args, **kwargs) -> None:
+    scheduler._mmscope_proposed = True
     ledger = ledger_of(scheduler.encoder_cache_manager)
     for input_id in input_ids:
         ledger.allocated(request.mm_features[input_id].identifier)
 
 
 def saw_schedule(output, scheduler, *args, **kwargs) -> None:
+    """The step's outcome commits the proposals. Runs only on steps that proposed, allocated,
+    computed or evicted something (its guard in targets.py); decode-only steps skip it."""
+    scheduler._mmscope_proposed = False
     manager = scheduler.encoder_cache_manager
-    ledger = manager.__dict__.get("_mmscope_ledger")
+    ledger = ledger_of(manager)
+    ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)
     # The entries schedule() evicted for room this step (get_freed_mm_hashes() drains them into
     # the output); read here rather than by one more hook per step.
     freed = getattr(output, "free_encoder_mm_hashes", None)  # a missing field costs evictions only
-    if (ledger is None or ledger.step_quiet) and not freed and not output.scheduled_encoder_inputs:
-        return  # a decode-only step: nothing to commit, the occupancy has not moved
-    ledger = ledger or ledger_of(manager)
-    ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)
     if freed and _evicts_for_room(type(manager)):
         ledger.evicted(len(freed))
     ledger.occupancy(manager.cache_size - manager.num_free_slots, manager.cache_size)
+    scheduler._mmscope_news = ledger.has_news  # update_from_output()'s guard: stats to send
 
 
 @functools.cache
@@ -198,31 +200,26 @@ def scheduler_created(result, scheduler, *args, **kwargs) -> None:
 def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=None,
                  *args, **kwargs) -> None:
     """Hand the counts, and the worker's stage durations, to the one EngineCoreOutputs that
-    carries this step's SchedulerStats; without one they wait for the next."""
+    carries this step's SchedulerStats; without one they wait for the next. Runs only when there
+    is news, every STAGE_BATCH_S, and when the scheduler runs dry (its guard in targets.py): the
+    stage histograms then cost a few observations per batch, not per step, and nothing waits for
+    a next request."""
     sd = scheduler.__dict__
     sent = getattr(model_runner_output, "_mmscope_stage_durations", None)  # another process'
     if sent:
         merge(sd.setdefault("_mmscope_stage_durations", {}), sent)
     ledger = scheduler.encoder_cache_manager.__dict__.get("_mmscope_ledger")
     news = ledger is not None and ledger.has_news
-    stages_due = (WORKER.pending or sd.get("_mmscope_stage_durations")) and _stage_batch_due(scheduler)
-    if not (news or stages_due):
-        return  # most steps: nothing new to send
+    stages = WORKER.pending or sd.get("_mmscope_stage_durations")
+    if not (news or stages):
+        return
     for eco in (outputs or {}).values():
         stats = eco.scheduler_stats
         if stats is not None:
             if news:
                 stats.encoder_cache_stats = ledger.drain().to_wire()
-            if stages_due:
+            if stages:
                 stats.mm_stage_durations = merge(sd.pop("_mmscope_stage_durations", {}),
                                                  WORKER.drain())
-                sd["_mmscope_stages_sent"] = time.monotonic()
-            return
-
-
-def _stage_batch_due(scheduler) -> bool:
-    """Stage durations travel in batches, at most every STAGE_BATCH_S, so that the histograms
-    cost a few observations per batch rather than per step; and whenever the scheduler runs dry,
-    so that nothing waits for a next request."""
-    return (time.monotonic() - scheduler.__dict__.get("_mmscope_stages_sent", 0.0) >= STAGE_BATCH_S
-            or not scheduler.has_unfinished_requests())
+            break
+    sd["_mmscope_news"] = ledger is not None and ledger.has_news

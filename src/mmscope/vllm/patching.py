@@ -9,6 +9,7 @@ import importlib
 import inspect
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -150,30 +151,75 @@ if os.environ.get("MMSCOPE_PY_WRAPPERS", "0") not in ("", "0"):
     _native = None  # the Python wrappers, e.g. to compare the two
 
 
+# --- `when`: a guard that keeps the observer's Python call off quiet steps -------------------
+# A tuple of clauses; the observer runs when any holds. The clauses only read attributes vLLM
+# has just set (or our own flags), so a step with nothing to observe costs no Python frame.
+RESULT = -1  # a clause's source: the wrapped call's result; i >= 0: the i-th positional argument
+
+
+def any_set(source: int, *attrs: str) -> tuple:
+    """Some of source's attributes is truthy (a missing one counts as false)."""
+    return (source, attrs, True)
+
+
+def all_clear(source: int, *attrs: str) -> tuple:
+    """None of source's attributes is truthy."""
+    return (source, attrs, False)
+
+
+def every(seconds: float) -> tuple:
+    """At least `seconds` since this clause last held (the first call holds)."""
+    return (float(seconds),)
+
+
+def guard_passes(when: tuple, timers: list[float], result, args: tuple) -> bool:
+    """The Python twin of _wrappers.c's guard_passes (the fallback and the reference)."""
+    for i, clause in enumerate(when):
+        if len(clause) == 1:
+            now = time.monotonic()
+            if now - timers[i] >= clause[0]:
+                timers[i] = now
+                return True
+            continue
+        source, attrs, want_any = clause
+        if source >= len(args):
+            return True  # an unusual call: the observer decides
+        obj = result if source == RESULT else args[source]
+        try:
+            truths = [bool(getattr(obj, a, None)) for a in attrs]
+        except Exception:  # noqa: BLE001 - cannot tell: the observer decides
+            return True
+        if (any(truths) if want_any else not any(truths)):
+            return True
+    return not when
+
+
 def native_wrapper(original: Callable, observe: Callable, state: HookState,
-                   mode: str) -> Callable | None:
+                   mode: str, when: tuple = ()) -> Callable | None:
     """The C wrapper (mode AFTER, BEFORE or ITEMS_AHEAD) where it is built, else None. It passes
     the caller's arguments through with vectorcall and binds like a function: a Python wrapper's
     frame costs microseconds in vLLM's step loop, where caches are cold after every forward."""
     if _native is None:
         return None
-    wrapper = _native.Wrapper(original, observe, state, getattr(_native, mode))
+    wrapper = _native.Wrapper(original, observe, state, getattr(_native, mode), when)
     return functools.update_wrapper(wrapper, original)
 
 
-def observe_after(observe: Callable) -> Callable[[Callable, HookState], Callable]:
-    """A wrapper factory: call the original, then `observe(result, *args, **kwargs)` safely.
-    vLLM's own exceptions pass through untouched; ours turn the hook off."""
+def observe_after(observe: Callable, when: tuple = ()) -> Callable[[Callable, HookState], Callable]:
+    """A wrapper factory: call the original, then `observe(result, *args, **kwargs)` safely
+    (only when the `when` guard passes, if one is given). vLLM's own exceptions pass through
+    untouched; ours turn the hook off."""
 
     def factory(original: Callable, state: HookState) -> Callable:
-        native = native_wrapper(original, observe, state, "AFTER")
+        native = native_wrapper(original, observe, state, "AFTER", when)
         if native is not None:
             return native
+        timers = [float("-inf")] * len(when)
 
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
             result = original(*args, **kwargs)
-            if state.enabled:
+            if state.enabled and (not when or guard_passes(when, timers, result, args)):
                 try:
                     observe(result, *args, **kwargs)
                 except Exception as e:  # noqa: BLE001 - instrumentation must not take vLLM down
@@ -183,17 +229,19 @@ def observe_after(observe: Callable) -> Callable[[Callable, HookState], Callable
     return factory
 
 
-def observe_before(observe: Callable) -> Callable[[Callable, HookState], Callable]:
-    """A wrapper factory: `observe(*args, **kwargs)` safely, then call the original."""
+def observe_before(observe: Callable, when: tuple = ()) -> Callable[[Callable, HookState], Callable]:
+    """A wrapper factory: `observe(*args, **kwargs)` safely (when the guard passes), then call
+    the original."""
 
     def factory(original: Callable, state: HookState) -> Callable:
-        native = native_wrapper(original, observe, state, "BEFORE")
+        native = native_wrapper(original, observe, state, "BEFORE", when)
         if native is not None:
             return native
+        timers = [float("-inf")] * len(when)
 
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
-            if state.enabled:
+            if state.enabled and (not when or guard_passes(when, timers, None, args)):
                 try:
                     observe(*args, **kwargs)
                 except Exception as e:  # noqa: BLE001

@@ -9,7 +9,6 @@ import functools
 import logging
 import math
 import threading
-import time
 from collections import Counter
 
 from mmscope.accounting import SOURCES, EncoderCacheStats
@@ -168,36 +167,17 @@ def prom_created(result, prom_logger, *args, **kwargs) -> None:
 
 def prom_recorded(result, prom_logger, scheduler_stats, iteration_stats=None,
                   mm_cache_stats=None, engine_idx: int = 0) -> None:
-    if scheduler_stats is None:
-        return
-    # Our two fields are None on most steps; API-server stages (timed in this process) wait for
-    # the next worker batch or FRONTEND_BATCH_S, whichever comes first.
-    worker = scheduler_stats.mm_stage_durations
-    frontend_due = worker is not None or _frontend_due()
-    if scheduler_stats.encoder_cache_stats is None and not frontend_due:
-        return
+    """Runs only for stats that carry our fields (its guard in targets.py). API-server stages,
+    timed in this process, go out with the worker's batch."""
     prom = getattr(prom_logger, "_mmscope_prom", None)
-    if prom is None:
+    if prom is None or scheduler_stats is None:
         return
     stats = stats_of(scheduler_stats)
     if stats is not None:
         prom.observe(stats, engine_idx)
-    if frontend_due:
+    worker = scheduler_stats.mm_stage_durations
+    if worker or FRONTEND.pending:
         prom.observe_stages(merge(FRONTEND.drain(), worker), engine_idx)
-
-
-FRONTEND_BATCH_S = 0.25
-_frontend_sent = [0.0]
-
-
-def _frontend_due() -> bool:
-    if not FRONTEND.pending:
-        return False
-    now = time.monotonic()
-    if now - _frontend_sent[0] < FRONTEND_BATCH_S:
-        return False
-    _frontend_sent[0] = now
-    return True
 
 
 # --- LoggingStatLogger hooks: the windowed rate and the log-line suffix -----------------------

@@ -8,7 +8,8 @@ from mmscope import stages
 from mmscope.vllm import encoder_cache as ec
 from mmscope.vllm import ranges as rg
 from mmscope.vllm import stat_loggers as sl
-from mmscope.vllm.patching import Hook, observe_after, observe_around, observe_before
+from mmscope.vllm.patching import (RESULT, Hook, all_clear, any_set, every, observe_after,
+                                   observe_around, observe_before)
 
 SUPPORTED_VLLM = ">=0.32,<0.33"
 
@@ -36,13 +37,19 @@ def accounting_hooks() -> list[Hook]:
              ("self", "request", "input_ids", "duplicate_input_ids"),
              observe_before(ec.saw_allocation), "accounting", "EngineCore"),
         Hook("scheduler.commit", f"{SCHED}.schedule", ("self",),
-             observe_after(ec.saw_schedule), "accounting", "EngineCore"),
+             observe_after(ec.saw_schedule, when=(
+                 any_set(RESULT, "scheduled_encoder_inputs", "free_encoder_mm_hashes"),
+                 any_set(0, "_mmscope_proposed"))),
+             "accounting", "EngineCore"),
         Hook("scheduler.created", f"{SCHED}.__init__",
              ("self", "vllm_config", "kv_cache_config"), observe_after(ec.scheduler_created),
              "metrics", "EngineCore"),
         Hook("scheduler.emit_stats", f"{SCHED}.update_from_output",
              ("self", "scheduler_output", "model_runner_output"),
-             observe_after(ec.attach_stats), "accounting", "EngineCore"),
+             observe_after(ec.attach_stats, when=(
+                 any_set(0, "_mmscope_news"), every(ec.STAGE_BATCH_S),
+                 all_clear(0, "running", "waiting", "kv_holding_waiting"))),  # ran dry
+             "accounting", "EngineCore"),
     ]
 
 
@@ -54,9 +61,12 @@ def metrics_hooks() -> list[Hook]:
              ("self", "vllm_config", "engine_indexes"), observe_after(sl.prom_created),
              "metrics", "API server"),
         Hook("prometheus.record", f"{LOGGERS}:PrometheusStatLogger.record", record,
-             observe_after(sl.prom_recorded), "metrics", "API server"),
+             observe_after(sl.prom_recorded, when=(
+                 any_set(1, "encoder_cache_stats", "mm_stage_durations"),)),
+             "metrics", "API server"),
         Hook("log_line.record", f"{LOGGERS}:LoggingStatLogger.record", record,
-             observe_after(sl.log_recorded), "metrics", "API server"),
+             observe_after(sl.log_recorded, when=(any_set(1, "encoder_cache_stats"),)),
+             "metrics", "API server"),
         Hook("log_line.format", f"{LOGGERS}:LoggingStatLogger.log", ("self",),
              observe_around(sl.log_begin, sl.log_end), "metrics", "API server"),
     ]
