@@ -52,7 +52,7 @@ class timed_stage:
     def __init__(self, name: str, collector: StageCollector):
         self.name, self.collector = name, collector
         # No span object at all while tracing is off: this runs several times per step.
-        self._span = tracing.span_factory()(name) if tracing.enabled() else None
+        self._span = tracing.span_factory()(name) if tracing.on else None
 
     def __enter__(self):
         if self._span is not None:

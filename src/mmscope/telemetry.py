@@ -24,7 +24,7 @@ class StepTelemetry:
         self.step += 1
         level = logging.INFO if self.step % INFO_EVERY == 0 else logging.DEBUG
         self._log = self.emit_log and self.logger.isEnabledFor(level)
-        return level if self._log or tracing.enabled() else None
+        return level if self._log or tracing.on else None
 
     def emit(self, shape: stages.StepShape, level: int) -> None:
         tracing.mark(stages.step_meta_range(shape))

@@ -18,6 +18,8 @@ BACKEND_NAMES = ("nvtx", "chrome")
 
 # The active backends; an empty tuple means tracing is off, which is the hot path to keep cheap.
 _backends: tuple[Backend, ...] = ()
+# enabled() as a module attribute, for C code and per-step checks that cannot afford a call.
+on = False
 # span's enter/exit call these two directly: one call each, whatever the number of backends.
 _begin: Callable[[str], object] = lambda name: None
 _end: Callable[[str, object], None] = lambda name, token: None
@@ -58,7 +60,7 @@ def configure(spec: str | None = None, trace_dir: str | None = None) -> tuple[st
 
 
 def _install(backends: tuple[Backend, ...]) -> None:
-    global _backends, _begin, _end, _span_factory
+    global _backends, _begin, _end, _span_factory, on
     if len(backends) == 1:
         _begin, _end = backends[0].begin, backends[0].end
     else:
@@ -71,6 +73,7 @@ def _install(backends: tuple[Backend, ...]) -> None:
     own = getattr(backends[0], "span_factory", None) if len(backends) == 1 else None
     _span_factory = own if own is not None else span
     _backends = backends
+    on = bool(backends)
 
 
 def active() -> tuple[str, ...]:

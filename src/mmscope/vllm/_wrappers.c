@@ -16,7 +16,14 @@
 #define _PyObject_LookupAttr PyObject_GetOptionalAttr
 #endif
 
-enum { MODE_AFTER = 0, MODE_BEFORE = 1, MODE_ITEMS_AHEAD = 2 };
+/* AFTER/BEFORE: observe(result, *args) after, or observe(*args) before, the original.
+ * ITEMS_AHEAD: the probe gate (observe is the Python around-wrapper).
+ * TIMED: the original timed whole, then observe(name, ns) (a stage collector's record).
+ * RANGED_CM: the original returns a context manager; it is handed back inside a TimedCM that
+ *   times the block and calls observe(names[args[1]], ns) on exit.
+ * TIMED and RANGED_CM hand the call to `slow` (the Python wrapper: spans and timing) while
+ * tracing is on (`switch.on`), and RANGED_CM also for a stage not yet in `names`. */
+enum { MODE_AFTER = 0, MODE_BEFORE = 1, MODE_ITEMS_AHEAD = 2, MODE_TIMED = 3, MODE_RANGED_CM = 4 };
 
 /* One clause of a hook's `when` guard (patching.py documents the forms): the observer runs when
  * any clause holds, so quiet steps cost no Python call at all. */
@@ -38,8 +45,22 @@ typedef struct {
     int mode;
     Py_ssize_t nclauses;
     Clause *clauses;
+    PyObject *name;   /* TIMED: the stage name; RANGED_CM: dict vLLM stage -> range name */
+    PyObject *slow;   /* TIMED, RANGED_CM: the Python wrapper, for traced calls */
+    PyObject *switch_;/* an object whose `on` says whether tracing is on */
 } Wrapper;
 
+/* A context manager timed in C: vLLM's processor-stage block, once per stage per request. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *inner;
+    PyObject *name;
+    PyObject *owner; /* the Wrapper: its observe records, its state turns off on our error */
+    long long t0;
+    int entered;
+} TimedCM;
+
+static PyObject *s_on, *s_enter, *s_exit;
 static PyObject *s_enabled, *s_failed, *s_mm_features, *s_mm_position, *s_offset, *s_length;
 
 static int state_enabled(Wrapper *w) {
@@ -248,9 +269,145 @@ static int items_ahead(PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
     return rc;
 }
 
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.perf_counter_ns's clock on Linux */
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int tracing_on(Wrapper *w) {
+    return w->switch_ != NULL && attr_truth(w->switch_, s_on) != 0;
+}
+
+/* record(name, ns) with any exception already set (the original's) kept in place and winning:
+ * returns -1, with record's own exception set, only when there was none before. */
+static int call_record(PyObject *record, PyObject *name, long long ns) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *n = PyLong_FromLongLong(ns);
+    PyObject *r = NULL;
+    if (n != NULL) {
+        PyObject *argv[2] = {name, n};
+        r = PyObject_Vectorcall(record, argv, 2, NULL);
+        Py_DECREF(n);
+    }
+    int ok = r != NULL;
+    Py_XDECREF(r);
+    if (type == NULL)
+        return ok ? 0 : -1;
+    if (!ok)
+        PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+    return 0;
+}
+
+static PyObject *timed_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (!state_enabled(w))
+        return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+    if (tracing_on(w))
+        return PyObject_Vectorcall(w->slow, args, nargsf, kwnames);
+    long long t0 = now_ns();
+    PyObject *result = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+    if (call_record(w->observe, w->name, now_ns() - t0) < 0 && our_error(w) < 0) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+static PyTypeObject TimedCMType;
+
+static PyObject *ranged_cm_call(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (!state_enabled(w))
+        return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+    PyObject *name = nargs >= 2 ? PyDict_GetItemWithError(w->name, args[1]) : NULL;
+    if (name == NULL || tracing_on(w)) {
+        if (PyErr_Occurred()) /* an unhashable stage: the Python road decides */
+            PyErr_Clear();
+        return PyObject_Vectorcall(w->slow, args, nargsf, kwnames);
+    }
+    PyObject *inner = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+    if (inner == NULL)
+        return NULL;
+    TimedCM *cm = PyObject_New(TimedCM, &TimedCMType);
+    if (cm == NULL) {
+        PyErr_Clear(); /* no wrapper then: vLLM's context manager as it is */
+        return inner;
+    }
+    cm->inner = inner;
+    Py_INCREF(name);
+    cm->name = name;
+    Py_INCREF(w);
+    cm->owner = (PyObject *)w;
+    cm->t0 = 0;
+    cm->entered = 0;
+    return (PyObject *)cm;
+}
+
+/* Record the block's time; our own failure turns the hook off and is swallowed. */
+static int timedcm_record(TimedCM *cm) {
+    Wrapper *w = (Wrapper *)cm->owner;
+    cm->entered = 0;
+    if (call_record(w->observe, cm->name, now_ns() - cm->t0) < 0)
+        return our_error(w);
+    return 0;
+}
+
+static PyObject *timedcm_enter(TimedCM *cm, PyObject *noargs) {
+    (void)noargs;
+    cm->t0 = now_ns();
+    cm->entered = 1;
+    PyObject *r = PyObject_CallMethodNoArgs(cm->inner, s_enter);
+    if (r == NULL)
+        timedcm_record(cm); /* vLLM's exception stays the one raised */
+    return r;
+}
+
+static PyObject *timedcm_exit(TimedCM *cm, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *argv[4] = {cm->inner, Py_None, Py_None, Py_None};
+    for (Py_ssize_t i = 0; i < nargs && i < 3; i++)
+        argv[i + 1] = args[i];
+    PyObject *r = PyObject_VectorcallMethod(s_exit, argv, 4, NULL);
+    if (cm->entered && timedcm_record(cm) < 0) {
+        Py_XDECREF(r);
+        return NULL;
+    }
+    return r;
+}
+
+static void timedcm_dealloc(TimedCM *cm) {
+    Py_XDECREF(cm->inner);
+    Py_XDECREF(cm->name);
+    Py_XDECREF(cm->owner);
+    PyObject_Free(cm);
+}
+
+static PyMethodDef timedcm_methods[] = {
+    {"__enter__", (PyCFunction)timedcm_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))timedcm_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TimedCMType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mmscope.vllm._wrappers.TimedCM",
+    .tp_doc = "vLLM's context manager, timed: record(name, ns) on exit.",
+    .tp_basicsize = sizeof(TimedCM),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)timedcm_dealloc,
+    .tp_methods = timedcm_methods,
+};
+
 static PyObject *wrapper_call(PyObject *self, PyObject *const *args, size_t nargsf,
                               PyObject *kwnames) {
     Wrapper *w = (Wrapper *)self;
+    if (w->mode == MODE_TIMED)
+        return timed_call(w, args, nargsf, kwnames);
+    if (w->mode == MODE_RANGED_CM)
+        return ranged_cm_call(w, args, nargsf, kwnames);
     if (w->mode == MODE_AFTER) {
         PyObject *result = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
         if (result == NULL || !guard_passes(w, result, args, PyVectorcall_NARGS(nargsf)) ||
@@ -308,6 +465,9 @@ static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
     Py_VISIT(w->observe);
     Py_VISIT(w->state);
     Py_VISIT(w->dict);
+    Py_VISIT(w->name);
+    Py_VISIT(w->slow);
+    Py_VISIT(w->switch_);
     return 0;
 }
 
@@ -316,6 +476,9 @@ static int wrapper_clear(Wrapper *w) {
     Py_CLEAR(w->observe);
     Py_CLEAR(w->state);
     Py_CLEAR(w->dict);
+    Py_CLEAR(w->name);
+    Py_CLEAR(w->slow);
+    Py_CLEAR(w->switch_);
     return 0;
 }
 
@@ -327,14 +490,21 @@ static void wrapper_dealloc(Wrapper *w) {
 }
 
 static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *original, *observe, *state, *when = NULL;
+    PyObject *original, *observe, *state, *when = NULL, *name = NULL, *slow = NULL,
+             *switch_ = NULL;
     int mode;
-    static char *kw[] = {"original", "observe", "state", "mode", "when", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|O", kw, &original, &observe, &state,
-                                     &mode, &when))
+    static char *kw[] = {"original", "observe", "state", "mode", "when", "name", "slow", "switch",
+                         NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|OOOO", kw, &original, &observe, &state,
+                                     &mode, &when, &name, &slow, &switch_))
         return NULL;
-    if (mode < MODE_AFTER || mode > MODE_ITEMS_AHEAD) {
-        PyErr_SetString(PyExc_ValueError, "mode must be AFTER, BEFORE or ITEMS_AHEAD");
+    if (mode < MODE_AFTER || mode > MODE_RANGED_CM) {
+        PyErr_SetString(PyExc_ValueError, "unknown mode");
+        return NULL;
+    }
+    if (mode >= MODE_TIMED && (name == NULL || slow == NULL || !PyCallable_Check(slow) ||
+                               (mode == MODE_RANGED_CM && !PyDict_Check(name)))) {
+        PyErr_SetString(PyExc_TypeError, "TIMED needs name and slow; RANGED_CM a dict of names");
         return NULL;
     }
     if (!PyCallable_Check(original) || !PyCallable_Check(observe)) {
@@ -352,6 +522,12 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     Py_INCREF(state);
     w->state = state;
     w->mode = mode;
+    Py_XINCREF(name);
+    w->name = name;
+    Py_XINCREF(slow);
+    w->slow = slow;
+    w->switch_ = switch_ == Py_None ? NULL : switch_;
+    Py_XINCREF(w->switch_);
     if (parse_clauses(w, when) < 0) {
         Py_DECREF(w);
         return NULL;
@@ -394,7 +570,11 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__wrappers(void) {
-    if (PyType_Ready(&WrapperType) < 0)
+    if (PyType_Ready(&WrapperType) < 0 || PyType_Ready(&TimedCMType) < 0)
+        return NULL;
+    if (!(s_on = PyUnicode_InternFromString("on")) ||
+        !(s_enter = PyUnicode_InternFromString("__enter__")) ||
+        !(s_exit = PyUnicode_InternFromString("__exit__")))
         return NULL;
     if (!(s_enabled = PyUnicode_InternFromString("enabled")) ||
         !(s_failed = PyUnicode_InternFromString("failed")) ||
@@ -410,7 +590,9 @@ PyMODINIT_FUNC PyInit__wrappers(void) {
     if (PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0 ||
         PyModule_AddIntConstant(m, "AFTER", MODE_AFTER) < 0 ||
         PyModule_AddIntConstant(m, "BEFORE", MODE_BEFORE) < 0 ||
-        PyModule_AddIntConstant(m, "ITEMS_AHEAD", MODE_ITEMS_AHEAD) < 0) {
+        PyModule_AddIntConstant(m, "ITEMS_AHEAD", MODE_ITEMS_AHEAD) < 0 ||
+        PyModule_AddIntConstant(m, "TIMED", MODE_TIMED) < 0 ||
+        PyModule_AddIntConstant(m, "RANGED_CM", MODE_RANGED_CM) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -13,7 +13,7 @@ from mmscope import stages, tracing
 from mmscope.stage_timing import ENABLED as STAGE_METRICS
 from mmscope.stage_timing import FRONTEND, WORKER, timed_stage
 from mmscope.telemetry import StepTelemetry, split_prefill_decode
-from mmscope.vllm.patching import HookState
+from mmscope.vllm.patching import HookState, native_wrapper
 
 # --- API server: hashing and processor stages --------------------------------------------------
 NOT_ITEMS = frozenset({"model_id", "media_io_kwargs", "mm_processor_kwargs", "mm_hash"})
@@ -70,15 +70,23 @@ def hash_kwargs_ranged(original, state: HookState):
 
 
 def processor_stage_ranged(original, state: HookState):
-    """TimingContext.record(stage) is entered for every processor stage, timing on or off."""
+    """TimingContext.record(stage) is entered for every processor stage, timing on or off.
+    Untraced, the C wrapper times the block (RANGED_CM) once this Python one has named the stage."""
+    names: dict[str, str] = {}  # vLLM stage -> range name, filled by the Python road
 
     @functools.wraps(original)
     def wrapper(self, stage, *args, **kwargs):
         cm = original(self, stage, *args, **kwargs)
         if not state.enabled:
             return cm
-        return _RangedCM(stages.processor_range(stage), cm, FRONTEND)
-    return wrapper
+        name = names.get(stage)
+        if name is None:
+            name = names[stage] = stages.processor_range(stage)
+        return _RangedCM(name, cm, FRONTEND)
+
+    native = native_wrapper(original, FRONTEND.record, state, "RANGED_CM", name=names,
+                            slow=wrapper, switch=tracing) if STAGE_METRICS else None
+    return native or wrapper
 
 
 class _RangedCM:
@@ -89,7 +97,7 @@ class _RangedCM:
 
     def __init__(self, name, cm, collector):
         self.name, self.cm, self.collector = name, cm, collector
-        self.span = tracing.span_factory()(name) if tracing.enabled() else None
+        self.span = tracing.span_factory()(name) if tracing.on else None
 
     def __enter__(self):
         if self.span is not None:
@@ -129,14 +137,15 @@ def encoder_forward_ranged(original, state: HookState):
 
 def timed_method(original, name: str, state: HookState | None = None):
     """`original` wrapped whole in one worker stage: a span while tracing, and its duration for
-    the histograms. Runs several times per step, so the untraced road is inlined."""
+    the histograms. Runs several times per step: untraced, the C wrapper (TIMED) times it."""
     now, record = time.perf_counter_ns, WORKER.record
+    state = state or HookState(f"ranges.{name}")
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
-        if state is not None and not state.enabled:
+        if not state.enabled:
             return original(*args, **kwargs)
-        if tracing.enabled():
+        if tracing.on:
             with timed_stage(name, WORKER):
                 return original(*args, **kwargs)
         if not STAGE_METRICS:
@@ -145,8 +154,14 @@ def timed_method(original, name: str, state: HookState | None = None):
         try:
             return original(*args, **kwargs)
         finally:
-            record(name, now() - t0)
-    return wrapper
+            try:
+                record(name, now() - t0)
+            except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
+                state.failed(e)
+
+    native = native_wrapper(original, record, state, "TIMED", name=name, slow=wrapper,
+                            switch=tracing) if STAGE_METRICS else None
+    return native or wrapper
 
 
 def ranged_method(name: str):

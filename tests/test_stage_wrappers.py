@@ -1,0 +1,100 @@
+"""The stage wrappers' two roads: timed in C while tracing is off, in Python (spans and timing)
+while it is on. Both must record the same stages, keep vLLM's results and exceptions, and trace."""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import pytest
+
+from mmscope import stages, tracing
+from mmscope.stage_timing import FRONTEND, WORKER
+from mmscope.vllm import patching, ranges
+from tests import trace_kit as tk
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def wrappers(request, monkeypatch):
+    if request.param == "python":
+        monkeypatch.setattr(patching, "_native", None)
+    elif patching._native is None:
+        if sys.platform.startswith("linux"):
+            pytest.fail("mmscope.vllm._wrappers is not built (pip install -e . builds it)")
+        pytest.skip("the C wrappers are optional off Linux")
+    WORKER.drain(), FRONTEND.drain()
+    yield request.param
+    WORKER.drain(), FRONTEND.drain()
+    tracing.configure("off")
+
+
+class Runner:
+    def gather(self, x, scale=1):
+        if x < 0:
+            raise ValueError("vLLM's own error")
+        return x * scale
+
+
+class Timing:  # vLLM's TimingContext: record(stage) is a generator context manager
+    def __init__(self):
+        self.seen = []
+
+    @contextlib.contextmanager
+    def record(self, stage):
+        self.seen.append(stage)
+        yield "block"
+
+
+def test_a_timed_method_records_once_per_call_and_keeps_results_and_errors(wrappers):
+    state = patching.HookState("test.timed")
+    timed = ranges.timed_method(Runner.gather, stages.GATHER_MM_EMBEDDINGS, state)
+    assert (type(timed).__name__ == "Wrapper") == (wrappers == "c")
+    assert timed(Runner(), 3, scale=2) == 6
+    with pytest.raises(ValueError, match="vLLM's own error"):
+        timed(Runner(), -1)
+    durations = WORKER.drain()[stages.GATHER_MM_EMBEDDINGS]
+    assert len(durations) == 2 and all(d > 0 for d in durations)  # the failed call too
+    assert state.enabled
+
+
+def test_a_timed_method_is_a_traced_range_while_tracing(tmp_path):
+    timed = ranges.timed_method(Runner.gather, stages.GATHER_MM_EMBEDDINGS)
+    tracing.configure("chrome", str(tmp_path))
+    assert timed(Runner(), 2) == 2
+    tracing.flush()
+    names = [r.name for r in tk.load(tmp_path)[0]]
+    assert names == [stages.GATHER_MM_EMBEDDINGS]
+    assert len(WORKER.drain()[stages.GATHER_MM_EMBEDDINGS]) == 1
+
+
+def test_processor_stages_are_timed_under_their_range_names(wrappers, tmp_path):
+    state = patching.HookState("test.processor")
+    record = ranges.processor_stage_ranged(Timing.record, state)
+    timing = Timing()
+    for _ in range(2):  # the first call names the stage (Python), the next are timed in C
+        with record(timing, "hf_processor") as block:
+            assert block == "block"
+    with pytest.raises(KeyError):
+        with record(timing, "prompt_update"):
+            raise KeyError("inside vLLM's block")
+    assert timing.seen == ["hf_processor", "hf_processor", "prompt_update"]
+    durations = FRONTEND.drain()
+    assert {k: len(v) for k, v in durations.items()} == {
+        stages.processor_range("hf_processor"): 2, stages.processor_range("prompt_update"): 1}
+    assert state.enabled
+    tracing.configure("chrome", str(tmp_path))  # traced: spans as well as durations
+    with record(timing, "hf_processor"):
+        pass
+    tracing.flush()
+    assert [r.name for r in tk.load(tmp_path)[0]] == [stages.processor_range("hf_processor")]
+    assert len(FRONTEND.drain()[stages.processor_range("hf_processor")]) == 1
+
+
+def test_a_failing_record_turns_the_stage_hook_off_and_vllm_goes_on(wrappers, monkeypatch):
+    def broken(name, ns):
+        raise RuntimeError("bug in mmscope")
+
+    monkeypatch.setattr(WORKER, "record", broken)
+    state = patching.HookState("test.broken")
+    timed = ranges.timed_method(Runner.gather, stages.GATHER_MM_EMBEDDINGS, state)
+    assert timed(Runner(), 4) == 4 and timed(Runner(), 5) == 5
+    assert not state.enabled and "bug in mmscope" in state.error
