@@ -15,7 +15,9 @@ from mmscope.stage_timing import WORKER, merge
 from mmscope.vllm.patching import HookState, logger, native_wrapper, observe_around
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
-STAGE_BATCH_S = 0.25  # worker stage durations travel at most this often while busy
+# While the engine is busy, the counts and the worker's stage durations travel at most this often
+# (Prometheus scrapes every few seconds); when it runs dry, at once.
+SEND_EVERY_S = 0.25
 
 
 def probe_enabled() -> bool:
@@ -129,11 +131,13 @@ def end_probe(probe: _Probe | None, result, scheduler, request, *args, **kwargs)
     if not (to_compute or external_load or duplicates or probe.local_hits or probe.deferred):
         return
     scheduler._mmscope_proposed = True  # schedule()'s guard (targets.py): a commit is due
-    decisions = {i: Decision.LOCAL_HIT for i in probe.local_hits}
-    decisions.update({i: Decision.DEFERRED for i in probe.deferred})
-    decisions.update({i: Decision.COMPUTE for i in to_compute})
-    decisions.update({i: Decision.CONNECTOR for i in external_load})
-    decisions.update({i: Decision.DUPLICATE for i in duplicates})
+    decisions = {}  # a later kind overrides an earlier one for the same item
+    for indices, decision in ((probe.local_hits, Decision.LOCAL_HIT),
+                              (probe.deferred, Decision.DEFERRED), (to_compute, Decision.COMPUTE),
+                              (external_load, Decision.CONNECTOR),
+                              (duplicates, Decision.DUPLICATE)):
+        for i in indices:
+            decisions[i] = decision
     for index in sorted(decisions):
         ledger.propose(item_of(request, index), decisions[index])
 
@@ -179,7 +183,6 @@ def saw_schedule(output, scheduler, *args, **kwargs) -> None:
     if freed and _evicts_for_room(type(manager)):
         ledger.evicted(len(freed))
     ledger.occupancy(manager.cache_size - manager.num_free_slots, manager.cache_size)
-    scheduler._mmscope_news = ledger.has_news  # update_from_output()'s guard: stats to send
 
 
 @functools.cache
@@ -200,9 +203,9 @@ def scheduler_created(result, scheduler, *args, **kwargs) -> None:
 def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=None,
                  *args, **kwargs) -> None:
     """Hand the counts, and the worker's stage durations, to the one EngineCoreOutputs that
-    carries this step's SchedulerStats; without one they wait for the next. Runs only when there
-    is news, every STAGE_BATCH_S, and when the scheduler runs dry (its guard in targets.py): the
-    stage histograms then cost a few observations per batch, not per step, and nothing waits for
+    carries this step's SchedulerStats; without one they wait for the next. Runs every
+    SEND_EVERY_S and when the scheduler runs dry (its guard in targets.py), so that the counters
+    and histograms cost a few updates a second rather than some per step, and nothing waits for
     a next request."""
     sd = scheduler.__dict__
     sent = getattr(model_runner_output, "_mmscope_stage_durations", None)  # another process'
@@ -221,5 +224,4 @@ def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=
             if stages:
                 stats.mm_stage_durations = merge(sd.pop("_mmscope_stage_durations", {}),
                                                  WORKER.drain())
-            break
-    sd["_mmscope_news"] = ledger is not None and ledger.has_news
+            return

@@ -53,6 +53,7 @@ def hash_branch(obj) -> str:
 def hash_kwargs_ranged(original, state: HookState):
     """One `mm:hash:<branch>` range per hashed item. hash_kwargs consumes serialize_item's lazy
     byte generator before it returns, so the range covers the serialization, not just the call."""
+    now, record = time.perf_counter_ns, FRONTEND.record
 
     @functools.wraps(original)
     def wrapper(cls, algorithm, /, **kwargs):
@@ -64,8 +65,15 @@ def hash_kwargs_ranged(original, state: HookState):
         except Exception as e:  # noqa: BLE001
             state.failed(e)
             return original(cls, algorithm, **kwargs)
-        with timed_stage(name, FRONTEND):
+        if tracing.on:
+            with timed_stage(name, FRONTEND):
+                return original(cls, algorithm, **kwargs)
+        t0 = now()
+        try:
             return original(cls, algorithm, **kwargs)
+        finally:
+            if STAGE_METRICS:
+                record(name, now() - t0)
     return wrapper
 
 
@@ -221,12 +229,12 @@ def step_shape_seen(runner, scheduler_output, num_scheduled_tokens, *args, **kwa
         telemetry = _step_telemetry = StepTelemetry(
             logging.getLogger("vllm.mmscope.step_tokens"), emit_log=_first_tp_rank())
     level = telemetry.next_step()
-    if level is None:
-        return  # neither a range nor a log line this step: the shape is not even computed
-    batch = runner.input_batch
-    n = batch.num_reqs
-    telemetry.emit(split_prefill_decode(num_scheduled_tokens[:n], batch.num_computed_tokens_cpu[:n],
-                                        batch.num_prompt_tokens[:n]), level)
+    if level is not None:  # a range or a log line needs the step's shape: most steps neither
+        batch = runner.input_batch
+        n = batch.num_reqs
+        telemetry.emit(split_prefill_decode(num_scheduled_tokens[:n],
+                                            batch.num_computed_tokens_cpu[:n],
+                                            batch.num_prompt_tokens[:n]), level)
 
 
 def worker_timings_attached(original, state: HookState):

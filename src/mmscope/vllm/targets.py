@@ -47,7 +47,7 @@ def accounting_hooks() -> list[Hook]:
         Hook("scheduler.emit_stats", f"{SCHED}.update_from_output",
              ("self", "scheduler_output", "model_runner_output"),
              observe_after(ec.attach_stats, when=(
-                 any_set(0, "_mmscope_news"), every(ec.STAGE_BATCH_S),
+                 every(ec.SEND_EVERY_S),
                  all_clear(0, "running", "waiting", "kv_holding_waiting"))),  # ran dry
              "accounting", "EngineCore"),
     ]
