@@ -132,6 +132,11 @@ class ChromeTraceWriter:
     def _format(self, events: list) -> bytes:
         # Names are JSON-escaped once; the C formatter (10x faster) where it was built.
         quoted = self._quoted
+        if _c_format is not None:
+            try:
+                return _c_format(events, quoted, self.pid)
+            except KeyError:
+                pass  # a name seen for the first time: quote the new names, then format
         for n in {e[0] for e in events}.difference(quoted):
             quoted[n] = json.dumps(n)
         if _c_format is not None:

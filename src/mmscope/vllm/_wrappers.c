@@ -21,8 +21,9 @@
  * TIMED: the original timed whole, then observe(name, ns) (a stage collector's record).
  * RANGED_CM: the original returns a context manager; it is handed back inside a TimedCM that
  *   times the block and calls observe(names[args[1]], ns) on exit.
- * TIMED and RANGED_CM hand the call to `slow` (the Python wrapper: spans and timing) while
- * tracing is on (`switch.on`), and RANGED_CM also for a stage not yet in `names`. */
+ * While tracing is on (`switch.on`), TIMED and RANGED_CM also open a span from tracing's current
+ * factory (`switch._span_factory`); RANGED_CM hands a stage not yet in `names` to `slow` (the
+ * Python wrapper, which names it). */
 enum { MODE_AFTER = 0, MODE_BEFORE = 1, MODE_ITEMS_AHEAD = 2, MODE_TIMED = 3, MODE_RANGED_CM = 4 };
 
 /* One clause of a hook's `when` guard (patching.py documents the forms): the observer runs when
@@ -46,7 +47,7 @@ typedef struct {
     Py_ssize_t nclauses;
     Clause *clauses;
     PyObject *name;   /* TIMED: the stage name; RANGED_CM: dict vLLM stage -> range name */
-    PyObject *slow;   /* TIMED, RANGED_CM: the Python wrapper, for traced calls */
+    PyObject *slow;   /* RANGED_CM: the Python wrapper, for a stage not yet named */
     PyObject *switch_;/* an object whose `on` says whether tracing is on */
 } Wrapper;
 
@@ -55,12 +56,13 @@ typedef struct {
     PyObject_HEAD
     PyObject *inner;
     PyObject *name;
+    PyObject *span;  /* the tracing span around the block, or NULL while tracing is off */
     PyObject *owner; /* the Wrapper: its observe records, its state turns off on our error */
     long long t0;
     int entered;
 } TimedCM;
 
-static PyObject *s_on, *s_enter, *s_exit;
+static PyObject *s_on, *s_enter, *s_exit, *s_span_factory;
 static PyObject *s_enabled, *s_failed, *s_mm_features, *s_mm_position, *s_offset, *s_length;
 
 static int state_enabled(Wrapper *w) {
@@ -276,8 +278,38 @@ static long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static int tracing_on(Wrapper *w) {
-    return w->switch_ != NULL && attr_truth(w->switch_, s_on) != 0;
+/* A new span for `name` from tracing's current span factory (switch._span_factory), or NULL with
+ * no error set while tracing is off. With an error set (our failure) it returns NULL too. */
+static PyObject *new_span(Wrapper *w, PyObject *name) {
+    if (w->switch_ == NULL || attr_truth(w->switch_, s_on) == 0)
+        return NULL;
+    PyObject *factory = PyObject_GetAttr(w->switch_, s_span_factory);
+    if (factory == NULL)
+        return NULL;
+    PyObject *span = PyObject_CallOneArg(factory, name);
+    Py_DECREF(factory);
+    return span;
+}
+
+static int span_enter(PyObject *span) {
+    PyObject *r = PyObject_CallMethodNoArgs(span, s_enter);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* span.__exit__(None, None, None), keeping any exception already set (vLLM's) in place. */
+static int span_exit(PyObject *span) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *r = PyObject_CallMethodObjArgs(span, s_exit, Py_None, Py_None, Py_None, NULL);
+    int ok = r != NULL;
+    Py_XDECREF(r);
+    if (type == NULL)
+        return ok ? 0 : -1;
+    if (!ok)
+        PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+    return 0;
 }
 
 /* record(name, ns) with any exception already set (the original's) kept in place and winning:
@@ -305,11 +337,22 @@ static int call_record(PyObject *record, PyObject *name, long long ns) {
 static PyObject *timed_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (!state_enabled(w))
         return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
-    if (tracing_on(w))
-        return PyObject_Vectorcall(w->slow, args, nargsf, kwnames);
+    PyObject *span = new_span(w, w->name);
+    if (span == NULL && PyErr_Occurred()) {
+        if (our_error(w) < 0)
+            return NULL;
+    } else if (span != NULL && span_enter(span) < 0) {
+        Py_CLEAR(span);
+        if (our_error(w) < 0)
+            return NULL;
+    }
     long long t0 = now_ns();
     PyObject *result = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
-    if (call_record(w->observe, w->name, now_ns() - t0) < 0 && our_error(w) < 0) {
+    long long elapsed = now_ns() - t0;
+    int failed = span != NULL && span_exit(span) < 0;
+    Py_XDECREF(span);
+    failed = failed || call_record(w->observe, w->name, elapsed) < 0;
+    if (failed && our_error(w) < 0) {
         Py_XDECREF(result);
         return NULL;
     }
@@ -324,7 +367,7 @@ static PyObject *ranged_cm_call(Wrapper *w, PyObject *const *args, size_t nargsf
     if (!state_enabled(w))
         return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
     PyObject *name = nargs >= 2 ? PyDict_GetItemWithError(w->name, args[1]) : NULL;
-    if (name == NULL || tracing_on(w)) {
+    if (name == NULL) {
         if (PyErr_Occurred()) /* an unhashable stage: the Python road decides */
             PyErr_Clear();
         return PyObject_Vectorcall(w->slow, args, nargsf, kwnames);
@@ -332,14 +375,21 @@ static PyObject *ranged_cm_call(Wrapper *w, PyObject *const *args, size_t nargsf
     PyObject *inner = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
     if (inner == NULL)
         return NULL;
+    PyObject *span = new_span(w, name);
+    if (span == NULL && PyErr_Occurred() && our_error(w) < 0) {
+        Py_DECREF(inner);
+        return NULL;
+    }
     TimedCM *cm = PyObject_New(TimedCM, &TimedCMType);
     if (cm == NULL) {
         PyErr_Clear(); /* no wrapper then: vLLM's context manager as it is */
+        Py_XDECREF(span);
         return inner;
     }
     cm->inner = inner;
     Py_INCREF(name);
     cm->name = name;
+    cm->span = span;
     Py_INCREF(w);
     cm->owner = (PyObject *)w;
     cm->t0 = 0;
@@ -347,17 +397,24 @@ static PyObject *ranged_cm_call(Wrapper *w, PyObject *const *args, size_t nargsf
     return (PyObject *)cm;
 }
 
-/* Record the block's time; our own failure turns the hook off and is swallowed. */
+/* Record the block's time and close its span; our own failure turns the hook off and is
+ * swallowed (an interrupt propagates). */
 static int timedcm_record(TimedCM *cm) {
     Wrapper *w = (Wrapper *)cm->owner;
+    long long elapsed = now_ns() - cm->t0;
     cm->entered = 0;
-    if (call_record(w->observe, cm->name, now_ns() - cm->t0) < 0)
-        return our_error(w);
-    return 0;
+    int failed = cm->span != NULL && span_exit(cm->span) < 0;
+    failed = failed || call_record(w->observe, cm->name, elapsed) < 0;
+    return failed ? our_error(w) : 0;
 }
 
 static PyObject *timedcm_enter(TimedCM *cm, PyObject *noargs) {
     (void)noargs;
+    if (cm->span != NULL && span_enter(cm->span) < 0) {
+        Py_CLEAR(cm->span);
+        if (our_error((Wrapper *)cm->owner) < 0)
+            return NULL;
+    }
     cm->t0 = now_ns();
     cm->entered = 1;
     PyObject *r = PyObject_CallMethodNoArgs(cm->inner, s_enter);
@@ -381,6 +438,7 @@ static PyObject *timedcm_exit(TimedCM *cm, PyObject *const *args, Py_ssize_t nar
 static void timedcm_dealloc(TimedCM *cm) {
     Py_XDECREF(cm->inner);
     Py_XDECREF(cm->name);
+    Py_XDECREF(cm->span);
     Py_XDECREF(cm->owner);
     PyObject_Free(cm);
 }
@@ -502,9 +560,10 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         PyErr_SetString(PyExc_ValueError, "unknown mode");
         return NULL;
     }
-    if (mode >= MODE_TIMED && (name == NULL || slow == NULL || !PyCallable_Check(slow) ||
-                               (mode == MODE_RANGED_CM && !PyDict_Check(name)))) {
-        PyErr_SetString(PyExc_TypeError, "TIMED needs name and slow; RANGED_CM a dict of names");
+    if ((mode == MODE_TIMED && name == NULL) ||
+        (mode == MODE_RANGED_CM && (name == NULL || !PyDict_Check(name) || slow == NULL ||
+                                    !PyCallable_Check(slow)))) {
+        PyErr_SetString(PyExc_TypeError, "TIMED needs a name; RANGED_CM a dict of names and slow");
         return NULL;
     }
     if (!PyCallable_Check(original) || !PyCallable_Check(observe)) {
@@ -574,7 +633,8 @@ PyMODINIT_FUNC PyInit__wrappers(void) {
         return NULL;
     if (!(s_on = PyUnicode_InternFromString("on")) ||
         !(s_enter = PyUnicode_InternFromString("__enter__")) ||
-        !(s_exit = PyUnicode_InternFromString("__exit__")))
+        !(s_exit = PyUnicode_InternFromString("__exit__")) ||
+        !(s_span_factory = PyUnicode_InternFromString("_span_factory")))
         return NULL;
     if (!(s_enabled = PyUnicode_InternFromString("enabled")) ||
         !(s_failed = PyUnicode_InternFromString("failed")) ||

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 from mmscope import access_log
@@ -206,7 +207,7 @@ def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=
     carries this step's SchedulerStats; without one they wait for the next. Runs every
     SEND_EVERY_S and when the scheduler runs dry (its guard in targets.py), so that the counters
     and histograms cost a few updates a second rather than some per step, and nothing waits for
-    a next request."""
+    a next request; and whenever a worker in another process sent durations, to keep them."""
     sd = scheduler.__dict__
     sent = getattr(model_runner_output, "_mmscope_stage_durations", None)  # another process'
     if sent:
@@ -214,7 +215,7 @@ def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=
     ledger = scheduler.encoder_cache_manager.__dict__.get("_mmscope_ledger")
     news = ledger is not None and ledger.has_news
     stages = WORKER.pending or sd.get("_mmscope_stage_durations")
-    if not (news or stages):
+    if not (news or stages) or (sent and not _send_due(scheduler)):
         return
     for eco in (outputs or {}).values():
         stats = eco.scheduler_stats
@@ -224,4 +225,11 @@ def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=
             if stages:
                 stats.mm_stage_durations = merge(sd.pop("_mmscope_stage_durations", {}),
                                                  WORKER.drain())
+            sd["_mmscope_sent"] = time.monotonic()
             return
+
+
+def _send_due(scheduler) -> bool:
+    """For a call made to keep a worker process' durations: whether to send now anyway."""
+    return (time.monotonic() - scheduler.__dict__.get("_mmscope_sent", 0.0) >= SEND_EVERY_S
+            or not scheduler.has_unfinished_requests())

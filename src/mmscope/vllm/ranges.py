@@ -78,8 +78,8 @@ def hash_kwargs_ranged(original, state: HookState):
 
 
 def processor_stage_ranged(original, state: HookState):
-    """TimingContext.record(stage) is entered for every processor stage, timing on or off.
-    Untraced, the C wrapper times the block (RANGED_CM) once this Python one has named the stage."""
+    """TimingContext.record(stage) is entered for every processor stage, timing on or off. The C
+    wrapper (RANGED_CM) times and traces the block once this Python one has named the stage."""
     names: dict[str, str] = {}  # vLLM stage -> range name, filled by the Python road
 
     @functools.wraps(original)
@@ -145,7 +145,7 @@ def encoder_forward_ranged(original, state: HookState):
 
 def timed_method(original, name: str, state: HookState | None = None):
     """`original` wrapped whole in one worker stage: a span while tracing, and its duration for
-    the histograms. Runs several times per step: untraced, the C wrapper (TIMED) times it."""
+    the histograms. Runs several times per step, so the C wrapper (TIMED) does it where built."""
     now, record = time.perf_counter_ns, WORKER.record
     state = state or HookState(f"ranges.{name}")
 
@@ -167,7 +167,7 @@ def timed_method(original, name: str, state: HookState | None = None):
             except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
                 state.failed(e)
 
-    native = native_wrapper(original, record, state, "TIMED", name=name, slow=wrapper,
+    native = native_wrapper(original, record, state, "TIMED", name=name,
                             switch=tracing) if STAGE_METRICS else None
     return native or wrapper
 

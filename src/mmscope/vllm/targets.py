@@ -48,7 +48,8 @@ def accounting_hooks() -> list[Hook]:
              ("self", "scheduler_output", "model_runner_output"),
              observe_after(ec.attach_stats, when=(
                  every(ec.SEND_EVERY_S),
-                 all_clear(0, "running", "waiting", "kv_holding_waiting"))),  # ran dry
+                 all_clear(0, "running", "waiting", "kv_holding_waiting"),  # ran dry
+                 any_set(2, "_mmscope_stage_durations"))),  # a worker process' durations
              "accounting", "EngineCore"),
     ]
 
