@@ -98,3 +98,20 @@ def test_a_failing_record_turns_the_stage_hook_off_and_vllm_goes_on(wrappers, mo
     timed = ranges.timed_method(Runner.gather, stages.GATHER_MM_EMBEDDINGS, state)
     assert timed(Runner(), 4) == 4 and timed(Runner(), 5) == 5
     assert not state.enabled and "bug in mmscope" in state.error
+
+
+def test_instance_methods_are_unwrapped_and_wrapped_again_with_the_hooks():
+    class Model:
+        def embed_input_ids(self, ids):
+            return [i * 2 for i in ids]
+
+    model = Model()
+    ranges._wrap_instance_method(model, "embed_input_ids", stages.EMBED_INPUT_IDS)
+    assert model.embed_input_ids([1, 2]) == [2, 4]
+    assert len(WORKER.drain()[stages.EMBED_INPUT_IDS]) == 1
+    ranges.unwrap_instances()  # what uninstrument() does
+    assert model.embed_input_ids([3]) == [6] and not WORKER.pending
+    assert not hasattr(model.embed_input_ids, "__mmscope_range__")
+    ranges.rewrap_instances()  # what instrument() does
+    assert model.embed_input_ids([3]) == [6] and len(WORKER.drain()[stages.EMBED_INPUT_IDS]) == 1
+    ranges.unwrap_instances()

@@ -52,12 +52,14 @@ class VllmInstrumentor:
             hook.apply()
         stat_loggers.install_log_filter()
         ranges.route_vllm_ranges()
+        ranges.rewrap_instances()
         self.instrumented = True
         return self.status()
 
     def uninstrument(self) -> None:
         for hook in reversed(self.hooks):
             hook.revert()
+        ranges.unwrap_instances()
         stat_loggers.remove_log_filter()
         self.instrumented = False
 

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import time
+import weakref
 
 from mmscope import stages, tracing
 from mmscope.stage_timing import ENABLED as STAGE_METRICS
@@ -177,6 +178,11 @@ def ranged_method(name: str):
     return lambda original, state: timed_method(original, name, state)
 
 
+# Instance methods wrapped at run time (the model's, the EC connector's): uninstrument() puts the
+# originals back and instrument() wraps them again, like the class-level hooks.
+_instance_wraps: list[tuple[weakref.ref, str, str]] = []
+
+
 def _wrap_instance_method(obj, attr: str, name: str) -> None:
     method = getattr(obj, attr, None)
     if method is None or getattr(method, "__mmscope_range__", None) == name:
@@ -184,6 +190,27 @@ def _wrap_instance_method(obj, attr: str, name: str) -> None:
     ranged = timed_method(method, name)
     ranged.__mmscope_range__ = name
     setattr(obj, attr, ranged)
+    try:
+        ref = weakref.ref(obj)
+    except TypeError:
+        return  # not weak-referenceable: it stays wrapped for its life
+    if not any(r() is obj and a == attr for r, a, _ in _instance_wraps):
+        _instance_wraps.append((ref, attr, name))
+
+
+def unwrap_instances() -> None:
+    """Put the original instance methods back (each wrapper keeps it under __wrapped__)."""
+    for ref, attr, _ in _instance_wraps:
+        obj = ref()
+        method = getattr(obj, attr, None) if obj is not None else None
+        if getattr(method, "__mmscope_range__", None):
+            setattr(obj, attr, method.__wrapped__)
+
+
+def rewrap_instances() -> None:
+    _instance_wraps[:] = [w for w in _instance_wraps if w[0]() is not None]
+    for ref, attr, name in list(_instance_wraps):
+        _wrap_instance_method(ref(), attr, name)
 
 
 def connector_created(connector, cls, config, role, *args, **kwargs) -> None:
