@@ -89,15 +89,23 @@ def test_processor_stages_are_timed_under_their_range_names(wrappers, tmp_path):
     assert len(FRONTEND.drain()[stages.processor_range("hf_processor")]) == 1
 
 
-def test_a_failing_record_turns_the_stage_hook_off_and_vllm_goes_on(wrappers, monkeypatch):
-    def broken(name, ns):
-        raise RuntimeError("bug in mmscope")
+def test_a_full_stage_counts_drops_instead_of_growing():
+    from mmscope.stage_timing import MAX_PER_STAGE
 
-    monkeypatch.setattr(WORKER, "record", broken)
+    timed = ranges.timed_method(Runner.gather, stages.GATHER_MM_EMBEDDINGS)
+    WORKER.durations[stages.GATHER_MM_EMBEDDINGS] = [1] * MAX_PER_STAGE
+    dropped = WORKER.dropped
+    assert timed(Runner(), 1) == 1
+    assert len(WORKER.durations[stages.GATHER_MM_EMBEDDINGS]) == MAX_PER_STAGE
+    assert WORKER.dropped == dropped + 1
+
+
+def test_a_failing_record_turns_the_stage_hook_off_and_vllm_goes_on():
+    WORKER.durations[stages.GATHER_MM_EMBEDDINGS] = "not a list"  # our bug, not vLLM's
     state = patching.HookState("test.broken")
     timed = ranges.timed_method(Runner.gather, stages.GATHER_MM_EMBEDDINGS, state)
     assert timed(Runner(), 4) == 4 and timed(Runner(), 5) == 5
-    assert not state.enabled and "bug in mmscope" in state.error
+    assert not state.enabled and "AttributeError" in state.error
 
 
 def test_instance_methods_are_unwrapped_and_wrapped_again_with_the_hooks():

@@ -16,14 +16,16 @@ MAX_PER_STAGE = 20_000
 
 class StageCollector:
     def __init__(self):
-        self._durations: dict[str, list[int]] = {}
+        # The live dict is never replaced (drain() empties it): the C stage wrappers append to
+        # its lists directly and call record() only for a stage at its bound.
+        self.durations: dict[str, list[int]] = {}
         self.dropped = 0
         self.collected_in_process = False  # drained by a consumer in this process (the scheduler)
 
     def record(self, stage: str, duration_ns: int) -> None:
-        bucket = self._durations.get(stage)
+        bucket = self.durations.get(stage)
         if bucket is None:
-            bucket = self._durations.setdefault(stage, [])
+            bucket = self.durations.setdefault(stage, [])
         if len(bucket) < MAX_PER_STAGE:
             bucket.append(duration_ns)
         else:
@@ -31,11 +33,14 @@ class StageCollector:
 
     @property
     def pending(self) -> bool:
-        return bool(self._durations)
+        return bool(self.durations)
 
     def drain(self) -> dict[str, list[int]]:
-        durations, self._durations = self._durations, {}
-        return durations
+        # A copy, then clear(): each is one step under the GIL, so a duration appended between
+        # the two lands in a list that is in the copy, not lost.
+        drained = self.durations.copy()
+        self.durations.clear()
+        return drained
 
 
 FRONTEND = StageCollector()  # API server: hashing, processor stages

@@ -49,6 +49,8 @@ typedef struct {
     PyObject *name;   /* TIMED: the stage name; RANGED_CM: dict vLLM stage -> range name */
     PyObject *slow;   /* RANGED_CM: the Python wrapper, for a stage not yet named */
     PyObject *switch_;/* an object whose `on` says whether tracing is on */
+    PyObject *store;  /* TIMED, RANGED_CM: the collector's live dict stage -> [ns]; optional */
+    Py_ssize_t limit; /* the bound per stage: at it, `observe` (record) decides (and counts) */
 } Wrapper;
 
 /* A context manager timed in C: vLLM's processor-stage block, once per stage per request. */
@@ -334,6 +336,33 @@ static int call_record(PyObject *record, PyObject *name, long long ns) {
     return 0;
 }
 
+/* The duration into the collector: appended to its live list in C, or record(name, ns) (Python)
+ * when there is no store or the stage is at its bound. Keeps an exception already set in place. */
+static int store_duration(Wrapper *w, PyObject *name, long long ns) {
+    if (w->store == NULL || PyErr_Occurred())
+        return call_record(w->observe, name, ns);
+    PyObject *bucket = PyDict_GetItemWithError(w->store, name); /* borrowed */
+    if (bucket == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        bucket = PyList_New(0);
+        if (bucket == NULL)
+            return -1;
+        int rc = PyDict_SetItem(w->store, name, bucket);
+        Py_DECREF(bucket); /* the dict holds it */
+        if (rc < 0)
+            return -1;
+    }
+    if (!PyList_Check(bucket) || PyList_GET_SIZE(bucket) >= w->limit)
+        return call_record(w->observe, name, ns);
+    PyObject *n = PyLong_FromLongLong(ns);
+    if (n == NULL)
+        return -1;
+    int rc = PyList_Append(bucket, n);
+    Py_DECREF(n);
+    return rc;
+}
+
 static PyObject *timed_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (!state_enabled(w))
         return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
@@ -351,7 +380,7 @@ static PyObject *timed_call(Wrapper *w, PyObject *const *args, size_t nargsf, Py
     long long elapsed = now_ns() - t0;
     int failed = span != NULL && span_exit(span) < 0;
     Py_XDECREF(span);
-    failed = failed || call_record(w->observe, w->name, elapsed) < 0;
+    failed = failed || store_duration(w, w->name, elapsed) < 0;
     if (failed && our_error(w) < 0) {
         Py_XDECREF(result);
         return NULL;
@@ -404,7 +433,7 @@ static int timedcm_record(TimedCM *cm) {
     long long elapsed = now_ns() - cm->t0;
     cm->entered = 0;
     int failed = cm->span != NULL && span_exit(cm->span) < 0;
-    failed = failed || call_record(w->observe, cm->name, elapsed) < 0;
+    failed = failed || store_duration(w, cm->name, elapsed) < 0;
     return failed ? our_error(w) : 0;
 }
 
@@ -526,6 +555,7 @@ static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
     Py_VISIT(w->name);
     Py_VISIT(w->slow);
     Py_VISIT(w->switch_);
+    Py_VISIT(w->store);
     return 0;
 }
 
@@ -537,6 +567,7 @@ static int wrapper_clear(Wrapper *w) {
     Py_CLEAR(w->name);
     Py_CLEAR(w->slow);
     Py_CLEAR(w->switch_);
+    Py_CLEAR(w->store);
     return 0;
 }
 
@@ -549,12 +580,14 @@ static void wrapper_dealloc(Wrapper *w) {
 
 static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *original, *observe, *state, *when = NULL, *name = NULL, *slow = NULL,
-             *switch_ = NULL;
+             *switch_ = NULL, *store = NULL;
+    Py_ssize_t limit = PY_SSIZE_T_MAX;
     int mode;
     static char *kw[] = {"original", "observe", "state", "mode", "when", "name", "slow", "switch",
-                         NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|OOOO", kw, &original, &observe, &state,
-                                     &mode, &when, &name, &slow, &switch_))
+                         "store", "limit", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|OOOOO!n", kw, &original, &observe,
+                                     &state, &mode, &when, &name, &slow, &switch_, &PyDict_Type,
+                                     &store, &limit))
         return NULL;
     if (mode < MODE_AFTER || mode > MODE_RANGED_CM) {
         PyErr_SetString(PyExc_ValueError, "unknown mode");
@@ -587,6 +620,9 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     w->slow = slow;
     w->switch_ = switch_ == Py_None ? NULL : switch_;
     Py_XINCREF(w->switch_);
+    Py_XINCREF(store);
+    w->store = store;
+    w->limit = limit;
     if (parse_clauses(w, when) < 0) {
         Py_DECREF(w);
         return NULL;

@@ -12,7 +12,7 @@ import weakref
 
 from mmscope import stages, tracing
 from mmscope.stage_timing import ENABLED as STAGE_METRICS
-from mmscope.stage_timing import FRONTEND, WORKER, timed_stage
+from mmscope.stage_timing import FRONTEND, MAX_PER_STAGE, WORKER, timed_stage
 from mmscope.telemetry import StepTelemetry, split_prefill_decode
 from mmscope.vllm.patching import HookState, native_wrapper
 
@@ -94,7 +94,8 @@ def processor_stage_ranged(original, state: HookState):
         return _RangedCM(name, cm, FRONTEND)
 
     native = native_wrapper(original, FRONTEND.record, state, "RANGED_CM", name=names,
-                            slow=wrapper, switch=tracing) if STAGE_METRICS else None
+                            slow=wrapper, switch=tracing, store=FRONTEND.durations,
+                            limit=MAX_PER_STAGE) if STAGE_METRICS else None
     return native or wrapper
 
 
@@ -168,8 +169,8 @@ def timed_method(original, name: str, state: HookState | None = None):
             except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
                 state.failed(e)
 
-    native = native_wrapper(original, record, state, "TIMED", name=name,
-                            switch=tracing) if STAGE_METRICS else None
+    native = native_wrapper(original, record, state, "TIMED", name=name, switch=tracing,
+                            store=WORKER.durations, limit=MAX_PER_STAGE) if STAGE_METRICS else None
     return native or wrapper
 
 
