@@ -4,14 +4,17 @@ between batches (uninstrument/instrument), so every configuration runs on the sa
 and memory, interleaved (DESIGN §8).
 
 Run: .venv/bin/python bench/plugin_overhead.py [--rounds 12] [--requests 48] [--by-feature]
+     [--runs N]
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,7 +57,13 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--by-feature", action="store_true",
                     help="also time mmscope with one feature's hooks left out")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="engine processes, one after another (each has its own memory layout, "
+                         "which moves a ratio by more than its rounds' noise)")
+    ap.add_argument("--json", help=argparse.SUPPRESS)  # a run's raw times, for the parent
     args = ap.parse_args()
+    if args.runs > 1:
+        return several_runs(args)
 
     from vllm import SamplingParams
 
@@ -90,7 +99,43 @@ def main() -> None:
                 tokens = sum(len(o.outputs[0].token_ids) for o in outs)
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
         apply(instrumentor, None, "off", trace_dir)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"times": times, "cpu": cpu, "tokens": tokens}, f)
+        return
     report(times, cpu, tokens, args)
+
+
+def several_runs(args) -> None:
+    """Each run in a fresh process; every run's figures, then all rounds pooled. The pooled
+    interval resamples runs, then rounds within them, so it includes the run-to-run spread."""
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(args.runs):
+            out = os.path.join(tmp, f"run{k}.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--rounds", str(args.rounds),
+                   "--requests", str(args.requests), "--json", out]
+            cmd += ["--by-feature"] if args.by_feature else []
+            print(f"run {k + 1}/{args.runs}", file=sys.stderr)
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            with open(out) as f:
+                runs.append(json.load(f))
+    names = list(runs[0]["times"])
+    base = "without mmscope"
+    ratio = {n: [paired(r["times"][n], r["times"][base]) for r in runs] for n in names}
+    print("per run, median of per-round ratios to the bare run:")
+    for n in names[1:]:
+        print(f"  {n:36} " + "  ".join(f"{statistics.median(x) * 100:+5.1f}%" for x in ratio[n]))
+    rng = random.Random(0)
+    print(f"all {args.runs} runs pooled ({args.runs} x {args.rounds} rounds):")
+    for n in names[1:]:
+        pooled = [v for x in ratio[n] for v in x]
+        meds = sorted(statistics.median([v for x in rng.choices(ratio[n], k=len(ratio[n]))
+                                         for v in rng.choices(x, k=len(x))])
+                      for _ in range(1000))
+        print(f"  {n:36} {statistics.median(pooled) * 100:+5.1f}% "
+              f"[{meds[50] * 100:+5.1f}, {meds[949] * 100:+5.1f}] (90% interval, runs and "
+              f"rounds resampled)")
 
 
 def paired(ts: list[float], base: list[float]) -> list[float]:
