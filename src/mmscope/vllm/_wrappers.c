@@ -299,11 +299,15 @@ static int span_enter(PyObject *span) {
     return r == NULL ? -1 : 0;
 }
 
-/* span.__exit__(None, None, None), keeping any exception already set (vLLM's) in place. */
-static int span_exit(PyObject *span) {
+/* callable(*argv), or argv[0].method(*argv[1:]) when `method` is given, with any exception
+ * already set (vLLM's) kept in place and winning: returns -1, with the call's own exception set,
+ * only when there was none before. */
+static int call_keeping_error(PyObject *callable, PyObject *method, PyObject *const *argv,
+                              size_t nargs) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
-    PyObject *r = PyObject_CallMethodObjArgs(span, s_exit, Py_None, Py_None, Py_None, NULL);
+    PyObject *r = method ? PyObject_VectorcallMethod(method, argv, nargs, NULL)
+                         : PyObject_Vectorcall(callable, argv, nargs, NULL);
     int ok = r != NULL;
     Py_XDECREF(r);
     if (type == NULL)
@@ -314,26 +318,21 @@ static int span_exit(PyObject *span) {
     return 0;
 }
 
-/* record(name, ns) with any exception already set (the original's) kept in place and winning:
- * returns -1, with record's own exception set, only when there was none before. */
+/* span.__exit__(None, None, None) */
+static int span_exit(PyObject *span) {
+    PyObject *argv[4] = {span, Py_None, Py_None, Py_None};
+    return call_keeping_error(NULL, s_exit, argv, 4);
+}
+
+/* record(name, ns) */
 static int call_record(PyObject *record, PyObject *name, long long ns) {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
     PyObject *n = PyLong_FromLongLong(ns);
-    PyObject *r = NULL;
-    if (n != NULL) {
-        PyObject *argv[2] = {name, n};
-        r = PyObject_Vectorcall(record, argv, 2, NULL);
-        Py_DECREF(n);
-    }
-    int ok = r != NULL;
-    Py_XDECREF(r);
-    if (type == NULL)
-        return ok ? 0 : -1;
-    if (!ok)
-        PyErr_Clear();
-    PyErr_Restore(type, value, tb);
-    return 0;
+    if (n == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *argv[2] = {name, n};
+    int rc = call_keeping_error(record, NULL, argv, 2);
+    Py_DECREF(n);
+    return rc;
 }
 
 /* The duration into the collector: appended to its live list in C, or record(name, ns) (Python)
