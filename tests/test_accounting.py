@@ -151,19 +151,21 @@ def test_ledger_matches_reference_model(steps):
     assert (total.queries, total.hits, total.misses, total.deferrals) == reference(steps)
 
 
-def test_drain_news_is_none_until_something_changes():
+def test_no_news_until_something_changes():
     led = EncoderCacheLedger()
     led.occupancy(0, 64)
-    first = led.drain_news()  # the capacity itself is news the first time
+    assert led.has_news  # the capacity itself is news the first time
+    first = led.drain()
     assert (first.usage_embeds, first.capacity_embeds, first.queries) == (0, 64, 0)
     led.occupancy(0, 64)
-    assert led.drain_news() is None  # a decode step: nothing counted, nothing moved
+    assert not led.has_news  # a decode step: nothing counted, nothing moved
     led.occupancy(16, 64)
-    assert led.drain_news().usage_embeds == 16
+    assert led.has_news and led.drain().usage_embeds == 16
     led.propose(item("a", 0), D.DEFERRED)
     led.commit_step({}, {})
-    s = led.drain_news()
+    assert led.has_news
+    s = led.drain()
     assert (s.deferrals, s.usage_embeds) == (1, 16)
-    assert led.drain_news() is None
+    assert not led.has_news
     led.evicted(2)
-    assert led.drain_news().evictions == 2
+    assert led.has_news and led.drain().evictions == 2

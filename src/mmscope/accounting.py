@@ -124,11 +124,6 @@ class EncoderCacheLedger:
     def occupancy(self, usage_embeds: int, capacity_embeds: int) -> None:
         self._stats.usage_embeds, self._stats.capacity_embeds = usage_embeds, capacity_embeds
 
-    @property
-    def step_quiet(self) -> bool:
-        """Nothing proposed or allocated since the last commit (every decode-only step)."""
-        return not (self._proposals or self._keys_allocated_this_step)
-
     # --- end of a step ------------------------------------------------------------------------
     def commit_step(self, scheduled: set[str] | dict, computed: dict[str, list[int]]) -> None:
         """`scheduled`: the step's scheduled request ids; `computed`: items the encoder runs."""
@@ -196,10 +191,6 @@ class EncoderCacheLedger:
         decode steps, and for them this should be the only question asked."""
         s = self._stats
         return not s.empty or (s.usage_embeds, s.capacity_embeds) != self._drained_occupancy
-
-    def drain_news(self) -> EncoderCacheStats | None:
-        """drain(), or None when there is no news."""
-        return self.drain() if self.has_news else None
 
     def drain(self) -> EncoderCacheStats:
         """Counts since the last drain; the occupancy gauges carry over."""

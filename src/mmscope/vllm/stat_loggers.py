@@ -183,8 +183,6 @@ def prom_recorded(result, prom_logger, scheduler_stats, iteration_stats=None,
 # --- LoggingStatLogger hooks: the windowed rate and the log-line suffix -----------------------
 def log_recorded(result, log_logger, scheduler_stats, iteration_stats=None,
                  mm_cache_stats=None, engine_idx: int = 0) -> None:
-    if scheduler_stats is None or scheduler_stats.encoder_cache_stats is None:
-        return  # most steps
     stats = stats_of(scheduler_stats)
     if stats is None or not stats.queries:
         return
