@@ -5,7 +5,8 @@ Three are loaded with dlopen/ctypes, not imported: `_nvtx_inject` is the NVTX in
 `_analysis_kernels` holds the analyzer's hot loops (optional everywhere: without it the analyzer
 takes its numpy road). `_chrome_format` is a Python extension module: the chrome tracing
 backend's event formatter (optional too: chrome.py formats the same bytes in Python). So is
-`_wrappers`: the hook wrappers' mechanics (optional: patching.py has the same wrappers in Python).
+`_wrappers`: the hook wrappers' mechanics (optional: patching.py has the same wrappers in Python),
+and `_step_telemetry`: the per-step telemetry observer (optional: telemetry.py does the same).
 """
 import platform
 import sys
@@ -70,6 +71,12 @@ setup(
         Extension(
             "mmscope.vllm._wrappers",
             sources=["src/mmscope/vllm/_wrappers.c"],
+            extra_compile_args=list(COMMON),
+            optional=True,
+        ),
+        Extension(
+            "mmscope.vllm._step_telemetry",
+            sources=["src/mmscope/vllm/_step_telemetry.c"],
             extra_compile_args=list(COMMON),
             optional=True,
         ),

@@ -66,9 +66,12 @@ class StepShape:
     reqs: int
 
 
+# A %-format of (prefill, decode, total, reqs): the C step observer formats the same text.
+STEP_META_FORMAT = STEP_META_PREFIX + "prefill=%d decode=%d total=%d reqs=%d"
+
+
 def step_meta_range(shape: StepShape) -> str:
-    return (f"{STEP_META_PREFIX}prefill={shape.prefill} decode={shape.decode} "
-            f"total={shape.total} reqs={shape.reqs}")
+    return STEP_META_FORMAT % (shape.prefill, shape.decode, shape.total, shape.reqs)
 
 
 _STEP_META_RE = re.compile(

@@ -1,6 +1,7 @@
 """Per-step batch shape: the `step_tokens` log line and the zero-duration `step_meta` range.
 
-Prefill means the request has not yet computed its whole prompt (num_computed < num_prompt).
+Prefill means the request has not yet computed its whole prompt (num_computed < num_prompt). The
+C observer (vllm/_step_telemetry.c) does the same per step; this module is its reference.
 """
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import logging
 from mmscope import stages, tracing
 
 INFO_EVERY = 50
+# The step_tokens message, % (step, prefill, decode, total, reqs); the C observer logs the same.
+STEP_TOKENS_FORMAT = "step_tokens step=%d prefill=%d decode=%d total=%d num_reqs=%d"
 
 
 class StepTelemetry:
@@ -29,8 +32,8 @@ class StepTelemetry:
     def emit(self, shape: stages.StepShape, level: int) -> None:
         tracing.mark(stages.step_meta_range(shape))
         if self._log:
-            self.logger.log(level, "step_tokens step=%d prefill=%d decode=%d total=%d num_reqs=%d",
-                            self.step, shape.prefill, shape.decode, shape.total, shape.reqs)
+            self.logger.log(level, STEP_TOKENS_FORMAT, self.step, shape.prefill, shape.decode,
+                            shape.total, shape.reqs)
 
 
 def split_prefill_decode(num_scheduled, num_computed, num_prompt) -> stages.StepShape:

@@ -25,6 +25,8 @@ _begin: Callable[[str], object] = lambda name: None
 _end: Callable[[str, object], None] = lambda name, token: None
 # What span_factory() returns; set with the backends, by _install.
 _span_factory: Callable[[str], object] | None = None
+# mark() or its cheapest equivalent (the C factory's), for the per-step step_meta from C.
+_mark: Callable[[str], None] = lambda name: None
 
 
 def parse_spec(spec: str | None, vllm_nvtx: bool = False) -> tuple[str, ...]:
@@ -60,7 +62,7 @@ def configure(spec: str | None = None, trace_dir: str | None = None) -> tuple[st
 
 
 def _install(backends: tuple[Backend, ...]) -> None:
-    global _backends, _begin, _end, _span_factory, on
+    global _backends, _begin, _end, _span_factory, _mark, on
     if len(backends) == 1:
         _begin, _end = backends[0].begin, backends[0].end
     else:
@@ -72,6 +74,7 @@ def _install(backends: tuple[Backend, ...]) -> None:
                 b.end(name, tok)
     own = getattr(backends[0], "span_factory", None) if len(backends) == 1 else None
     _span_factory = own if own is not None else span
+    _mark = getattr(own, "mark", None) or mark
     _backends = backends
     on = bool(backends)
 

@@ -8,7 +8,8 @@
  *
  * ChromeSpanFactory(pending, on_new_thread, max_pending) (Linux only): factory(name) is a context
  * manager that appends (name, t0_ns, t1_ns, tid) to `pending` when it exits, the tuple that
- * ChromeTraceWriter.complete appends, without a Python frame (see the span section below).
+ * ChromeTraceWriter.complete appends, without a Python frame (see the span section below);
+ * factory.mark(name) appends a zero-duration event the same way.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -233,38 +234,43 @@ static PyObject *span_enter(Span *s) {
     return (PyObject *)s;
 }
 
-static PyObject *span_exit(Span *s) {
-    long long t1 = now_ns();
-    if (!s->open)
-        Py_RETURN_FALSE;  /* exited without being entered: there is nothing to record */
-    s->open = 0;
-    Factory *f = s->factory;
+/* Append (name, t0, t1, tid) to the factory's pending list, or count it as dropped when the list
+ * is full; 0, or -1 with an exception set. */
+static int append_event(Factory *f, PyObject *name, long long t0, long long t1) {
     if (tls_factory != f->serial && know_thread(f) < 0)
-        return NULL;
+        return -1;
     if (PyList_GET_SIZE(f->pending) >= f->max_pending) {
         f->dropped++;
-        Py_RETURN_FALSE;
+        return 0;
     }
     PyObject *event = PyTuple_New(4);
-    PyObject *start = PyLong_FromLongLong(s->t0), *end = PyLong_FromLongLong(t1);
+    PyObject *start = PyLong_FromLongLong(t0), *end = PyLong_FromLongLong(t1);
     if (!event || !start || !end) {
         Py_XDECREF(event);
         Py_XDECREF(start);
         Py_XDECREF(end);
-        return NULL;
+        return -1;
     }
     /* A str and ints cannot form a cycle: the collector need not visit the event while it waits
      * for the flusher (it would untrack it on its first pass anyway). */
     PyObject_GC_UnTrack(event);
-    Py_INCREF(s->name);
+    Py_INCREF(name);
     Py_INCREF(tls_tid_obj);
-    PyTuple_SET_ITEM(event, 0, s->name);
+    PyTuple_SET_ITEM(event, 0, name);
     PyTuple_SET_ITEM(event, 1, start);
     PyTuple_SET_ITEM(event, 2, end);
     PyTuple_SET_ITEM(event, 3, tls_tid_obj);
     int rc = PyList_Append(f->pending, event);
     Py_DECREF(event);
-    if (rc < 0)
+    return rc;
+}
+
+static PyObject *span_exit(Span *s) {
+    long long t1 = now_ns();
+    if (!s->open)
+        Py_RETURN_FALSE;  /* exited without being entered: there is nothing to record */
+    s->open = 0;
+    if (append_event(s->factory, s->name, s->t0, t1) < 0)
         return NULL;
     Py_RETURN_FALSE;  /* never swallows the with-block's exception */
 }
@@ -369,6 +375,24 @@ static PyObject *factory_call(PyObject *self, PyObject *const *args, size_t narg
     return (PyObject *)s;
 }
 
+/* factory.mark(name): a zero-duration event now, as ChromeBackend.mark (the per-step step_meta). */
+static PyObject *factory_mark(PyObject *self, PyObject *name) {
+    if (!PyUnicode_Check(name)) {
+        PyErr_Format(PyExc_TypeError, "a mark's name is a str, not %.100s", Py_TYPE(name)->tp_name);
+        return NULL;
+    }
+    long long t = now_ns();
+    if (append_event((Factory *)self, name, t, t) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef factory_methods[] = {
+    {"mark", factory_mark, METH_O,
+     "mark(name): append a zero-duration event (name, t, t, tid), as ChromeBackend.mark does"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyObject *factory_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *names[] = {"pending", "on_new_thread", "max_pending", NULL};
     PyObject *pending, *on_new_thread;
@@ -434,7 +458,8 @@ static PyTypeObject FactoryType = {
     .tp_name = "mmscope.tracing._chrome_format.ChromeSpanFactory",
     .tp_doc = "ChromeSpanFactory(pending, on_new_thread, max_pending=sys.maxsize): "
               "factory(name) is a context manager that appends (name, t0_ns, t1_ns, tid) to "
-              "`pending` as it exits (time.perf_counter_ns's clock, the native thread id).",
+              "`pending` as it exits (time.perf_counter_ns's clock, the native thread id); "
+              "factory.mark(name) appends (name, t, t, tid) at once.",
     .tp_basicsize = sizeof(Factory),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_vectorcall_offset = offsetof(Factory, vectorcall),
@@ -444,6 +469,7 @@ static PyTypeObject FactoryType = {
     .tp_clear = (inquiry)factory_clear,
     .tp_dealloc = (destructor)factory_dealloc,
     .tp_members = factory_members,
+    .tp_methods = factory_methods,
 };
 
 static int add_span_method(const char *attr, int exit) {

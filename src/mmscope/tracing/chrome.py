@@ -17,6 +17,9 @@ import time
 MAX_PENDING = 1_000_000
 FLUSH_INTERVAL_S = 2.0
 FLUSH_CHUNK = 256  # events formatted per hold of the GIL (0.2 ms in Python, 20 us in C)
+# Names are JSON-quoted once and kept; step_meta names change with every batch shape, so in a
+# long-running server the kept set is bounded (cleared when full: re-quoting costs 1 us a name).
+MAX_QUOTED = 4096
 
 
 class ChromeTraceWriter:
@@ -137,6 +140,8 @@ class ChromeTraceWriter:
                 return _c_format(events, quoted, self.pid)
             except KeyError:
                 pass  # a name seen for the first time: quote the new names, then format
+        if len(quoted) > MAX_QUOTED:
+            quoted.clear()
         for n in {e[0] for e in events}.difference(quoted):
             quoted[n] = json.dumps(n)
         if _c_format is not None:

@@ -143,12 +143,14 @@ def _rewrap_like(raw, func):
     return func
 
 
+# MMSCOPE_PY_WRAPPERS=1: the Python versions of the C hot paths, e.g. to compare the two.
+PY_ONLY = os.environ.get("MMSCOPE_PY_WRAPPERS", "0") not in ("", "0")
 try:  # built by pip install (setup.py); optional: the Python wrappers below do the same
     from mmscope.vllm import _wrappers as _native
 except ImportError:
     _native = None
-if os.environ.get("MMSCOPE_PY_WRAPPERS", "0") not in ("", "0"):
-    _native = None  # the Python wrappers, e.g. to compare the two
+if PY_ONLY:
+    _native = None
 
 
 # --- `when`: a guard that keeps the observer's Python call off quiet steps -------------------

@@ -13,8 +13,16 @@ import weakref
 from mmscope import stages, tracing
 from mmscope.stage_timing import ENABLED as STAGE_METRICS
 from mmscope.stage_timing import FRONTEND, MAX_PER_STAGE, WORKER, timed_stage
+from mmscope import telemetry as telemetry_module
 from mmscope.telemetry import StepTelemetry, split_prefill_decode
-from mmscope.vllm.patching import HookState, native_wrapper
+from mmscope.vllm.patching import PY_ONLY, HookState, native_wrapper
+
+try:  # built by pip install (setup.py); optional: step_shape_seen does the same in Python
+    from mmscope.vllm import _step_telemetry as _native_steps
+except ImportError:
+    _native_steps = None
+if PY_ONLY:
+    _native_steps = None
 
 # --- API server: hashing and processor stages --------------------------------------------------
 NOT_ITEMS = frozenset({"model_id", "media_io_kwargs", "mm_processor_kwargs", "mm_hash"})
@@ -235,6 +243,7 @@ def model_loaded(result, runner, *args, **kwargs) -> None:
 
 
 # --- worker: step telemetry --------------------------------------------------------------------
+STEP_LOGGER = "vllm.mmscope.step_tokens"
 _step_telemetry: StepTelemetry | None = None
 _is_first_tp_rank: bool | None = None
 
@@ -250,19 +259,35 @@ def _first_tp_rank() -> bool:
     return _is_first_tp_rank
 
 
+def batch_shape(runner, num_scheduled_tokens) -> stages.StepShape:
+    """The step's shape: the persistent batch's first num_reqs rows are the step's requests."""
+    batch = runner.input_batch
+    n = batch.num_reqs
+    return split_prefill_decode(num_scheduled_tokens[:n], batch.num_computed_tokens_cpu[:n],
+                                batch.num_prompt_tokens[:n])
+
+
 def step_shape_seen(runner, scheduler_output, num_scheduled_tokens, *args, **kwargs) -> None:
+    """The Python step observer (the C one's reference and fallback)."""
     global _step_telemetry
     telemetry = _step_telemetry
     if telemetry is None:
-        telemetry = _step_telemetry = StepTelemetry(
-            logging.getLogger("vllm.mmscope.step_tokens"), emit_log=_first_tp_rank())
+        telemetry = _step_telemetry = StepTelemetry(logging.getLogger(STEP_LOGGER),
+                                                    emit_log=_first_tp_rank())
     level = telemetry.next_step()
     if level is not None:  # a range or a log line needs the step's shape: most steps neither
-        batch = runner.input_batch
-        n = batch.num_reqs
-        telemetry.emit(split_prefill_decode(num_scheduled_tokens[:n],
-                                            batch.num_computed_tokens_cpu[:n],
-                                            batch.num_prompt_tokens[:n]), level)
+        telemetry.emit(batch_shape(runner, num_scheduled_tokens), level)
+
+
+@functools.cache
+def step_observer():
+    """The telemetry hook's observer, one per process (its step counter spans engines and
+    instrument() calls): the C observer where it was built, else step_shape_seen."""
+    if _native_steps is None:
+        return step_shape_seen
+    return _native_steps.StepObserver(
+        logging.getLogger(STEP_LOGGER), _first_tp_rank, tracing, telemetry_module.INFO_EVERY,
+        stages.STEP_META_FORMAT, telemetry_module.STEP_TOKENS_FORMAT, batch_shape)
 
 
 def worker_timings_attached(original, state: HookState):

@@ -99,7 +99,7 @@ def range_hooks() -> list[Hook]:
              ("cls", "config", "role"), observe_after(rg.connector_created), "ranges", "worker"),
         Hook("telemetry.step_shape", f"{RUNNER}._prepare_inputs",
              ("self", "scheduler_output", "num_scheduled_tokens"),
-             observe_before(rg.step_shape_seen), "telemetry", "worker"),
+             observe_before(rg.step_observer()), "telemetry", "worker"),
         Hook("stage_metrics.execute_model", f"{RUNNER}.execute_model",
              ("self", "scheduler_output"), rg.worker_timings_attached, "metrics", "worker"),
         Hook("stage_metrics.sample_tokens", f"{RUNNER}.sample_tokens", ("self",),
