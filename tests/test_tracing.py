@@ -13,7 +13,8 @@ import time
 import pytest
 
 from mmscope import tracing
-from mmscope.tracing.chrome import read_events
+from mmscope.tracing import chrome as chrome_writer
+from mmscope.tracing.chrome import ChromeTraceWriter, read_events
 
 
 @pytest.fixture
@@ -285,3 +286,18 @@ def test_c_formatter_writes_the_python_formatters_bytes():
         chrome._c_format([("missing", 1, 2, 3)], quoted, 1)
     with pytest.raises(TypeError):
         chrome._c_format([("x", 1, 2)], quoted, 1)
+
+
+def test_chrome_keeps_a_bounded_set_of_quoted_names(tmp_path, monkeypatch):
+    """step_meta names change with every batch shape: a long run must not keep them all."""
+    monkeypatch.setattr(chrome_writer, "MAX_QUOTED", 4)
+    writer = ChromeTraceWriter(str(tmp_path / "t.trace.json"))
+    names = [f"step_meta: prefill={i} decode=0 total={i} reqs=1" for i in range(30)]
+    for k in range(0, 30, 3):
+        for name in names[k:k + 3]:
+            writer.complete(name, 1000, 2000)
+        writer.flush()
+        assert len(writer._quoted) <= 4 + 3
+    writer.close()
+    doc = json.loads(open(writer.path).read())
+    assert [e["name"] for e in doc if e["ph"] == "X"] == names

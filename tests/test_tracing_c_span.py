@@ -269,3 +269,27 @@ def test_without_the_c_span_the_python_span_writes_the_same_events(traced, monke
     _workload(tracing.span_factory())
     tracing.flush()
     assert shape(folder) == shape(fallback)
+
+
+def test_the_factory_marks_zero_duration_events(traced, monkeypatch):
+    folder = traced()
+    mark = tracing._mark  # what the C step observer calls for step_meta
+    assert mark == tracing.span_factory().mark
+    before = time.perf_counter_ns()
+    mark("step_meta: prefill=1 decode=0 total=1 reqs=1")
+    after = time.perf_counter_ns()
+    with pytest.raises(TypeError):
+        mark(7)
+    tracing.flush()
+    events, threads = _load(folder)
+    assert [(e["name"], e["dur"]) for e in events] == [
+        ("step_meta: prefill=1 decode=0 total=1 reqs=1", 0)]
+    assert before / 1000 <= events[0]["ts"] <= after / 1000
+    assert events[0]["tid"] == threading.get_native_id() and len(threads) == 1
+    # A full pending list counts the mark as dropped, like a span.
+    factory = tracing.span_factory()
+    monkeypatch.setattr(factory, "max_pending", 0)
+    mark("dropped")
+    assert factory.dropped == 1 and factory.pending == []
+    tracing.configure("off")
+    assert tracing._mark is tracing.mark  # off: the backends' loop over nothing
