@@ -123,3 +123,29 @@ def test_instance_methods_are_unwrapped_and_wrapped_again_with_the_hooks():
     ranges.rewrap_instances()  # what instrument() does
     assert model.embed_input_ids([3]) == [6] and len(WORKER.drain()[stages.EMBED_INPUT_IDS]) == 1
     ranges.unwrap_instances()
+
+
+def test_hash_ranges_name_each_branch_on_vllms_hasher(tmp_path):
+    """The hash wrapper names a range after the branch serialize_item takes, remembering the
+    answer per item type only where the type decides it (MediaWithBytes: the wrapped media)."""
+    import numpy as np
+    from PIL import Image
+    from vllm.multimodal.hasher import MultiModalHasher
+    from vllm.multimodal.media import MediaWithBytes
+
+    original = MultiModalHasher.__dict__["hash_kwargs"].__func__
+    state = patching.HookState("test.hash")
+    hashed = classmethod(ranges.hash_kwargs_ranged(original, state)).__get__(None, MultiModalHasher)
+    picture = Image.new("RGB", (8, 8), "red")
+    calls = [({"image": picture}, "pil_image"), ({"image": picture}, "pil_image"),
+             ({"image": MediaWithBytes(picture, b"png")}, "image_bytes"),
+             ({"image": MediaWithBytes(np.zeros((2, 4, 4, 3), np.uint8), b"mp4")}, "video"),
+             ({"image": MediaWithBytes(picture, b"png")}, "image_bytes"),
+             ({"image": b"raw", "model_id": "m"}, "bytes"),
+             ({"image": picture, "video": b"raw"}, "mixed")]
+    for kwargs, _ in calls:
+        assert hashed("sha256", **kwargs) == original(MultiModalHasher, "sha256", **kwargs)
+    names = [stages.hash_range(branch) for _, branch in calls]
+    durations = FRONTEND.drain()
+    assert sorted(n for n in durations for _ in durations[n]) == sorted(names)
+    assert state.enabled

@@ -63,14 +63,23 @@ def hash_kwargs_ranged(original, state: HookState):
     """One `mm:hash:<branch>` range per hashed item. hash_kwargs consumes serialize_item's lazy
     byte generator before it returns, so the range covers the serialization, not just the call."""
     now, record = time.perf_counter_ns, FRONTEND.record
+    mixed = stages.hash_range("mixed")
+    by_type: dict[type, str] = {}  # item type -> range name, where the type alone decides
 
     @functools.wraps(original)
     def wrapper(cls, algorithm, /, **kwargs):
         if not state.enabled:
             return original(cls, algorithm, **kwargs)
-        try:
-            items = [v for k, v in kwargs.items() if k not in NOT_ITEMS]
-            name = stages.hash_range(hash_branch(items[0]) if len(items) == 1 else "mixed")
+        try:  # inline: this runs for every hashed item, and each Python frame costs here
+            item, n = None, 0
+            for key in kwargs:
+                if key not in NOT_ITEMS:
+                    item, n = kwargs[key], n + 1
+            name = mixed if n != 1 else by_type.get(type(item))
+            if name is None:
+                name = stages.hash_range(hash_branch(item))
+                if branch_by_type(item):
+                    by_type[type(item)] = name
         except Exception as e:  # noqa: BLE001
             state.failed(e)
             return original(cls, algorithm, **kwargs)
@@ -84,6 +93,12 @@ def hash_kwargs_ranged(original, state: HookState):
             if STAGE_METRICS:
                 record(name, now() - t0)
     return wrapper
+
+
+def branch_by_type(obj) -> bool:
+    """Whether hash_branch(obj) follows from type(obj) alone (not for MediaWithBytes, whose
+    branch depends on the media it wraps)."""
+    return not isinstance(obj, _hash_types()[3])
 
 
 def processor_stage_ranged(original, state: HookState):
