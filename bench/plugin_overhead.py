@@ -3,8 +3,8 @@ range on (chrome), measured side by side in one engine: mmscope's hooks are reve
 between batches (uninstrument/instrument), so every configuration runs on the same process, cores
 and memory, interleaved (DESIGN §8).
 
-Run: .venv/bin/python bench/plugin_overhead.py [--rounds 12] [--requests 48] [--by-feature]
-     [--runs N]
+Run: .venv/bin/python bench/plugin_overhead.py [--rounds 12] [--requests 48] [--max-tokens 16]
+     [--by-feature] [--mechanics] [--runs N]
 """
 from __future__ import annotations
 
@@ -22,11 +22,16 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def configurations(by_feature: bool) -> dict[str, tuple[str | None, str]]:
+MECHANICS = "observers"  # as "feature left out": every hook applied, every observer switched off
+
+
+def configurations(by_feature: bool, mechanics: bool = False) -> dict[str, tuple[str | None, str]]:
     """name -> (feature left out, or None for all hooks / "all" for none; tracing spec)."""
     configs = {"without mmscope": ("all", "off"),
                "mmscope, tracing off": (None, "off"),
                "mmscope, every range (chrome)": (None, "chrome")}
+    if mechanics:
+        configs["hooks applied, observers off"] = (MECHANICS, "off")
     if by_feature:
         for feature in ("accounting", "metrics", "ranges", "telemetry"):
             configs[f"tracing off, without {feature}"] = (feature, "off")
@@ -46,6 +51,9 @@ def apply(instrumentor, left_out: str | None, spec: str, trace_dir: str) -> None
         return
     instrumentor.instrument()
     for hook in instrumentor.hooks:
+        # Switched off, a hook's wrapper still runs but calls no observer: what is left is the
+        # cost of the wrappers themselves. (A hook whose own code failed stays off.)
+        hook.state.enabled = left_out != MECHANICS and hook.state.error is None
         if hook.feature == left_out:
             hook.revert()
     ranges.route_vllm_ranges()
@@ -55,8 +63,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request")
     ap.add_argument("--by-feature", action="store_true",
                     help="also time mmscope with one feature's hooks left out")
+    ap.add_argument("--mechanics", action="store_true",
+                    help="also time every hook applied with its observer switched off (what the "
+                         "wrappers cost by themselves)")
     ap.add_argument("--runs", type=int, default=1,
                     help="engine processes, one after another (each has its own memory layout, "
                          "which moves a ratio by more than its rounds' noise)")
@@ -72,10 +84,10 @@ def main() -> None:
     from tests.vllm_kit import image, offline_llm, prompt
 
     llm = offline_llm(tiny_model.build(tiny_model.default_dir()), max_num_seqs=16)
-    sp = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     # Half the images repeat earlier ones: hits and misses both exercised. Fresh images per
     # round so each round computes the same encoder work.
-    configs = configurations(args.by_feature)
+    configs = configurations(args.by_feature, args.mechanics)
     instrumentor = get_instrumentor()
     times: dict[str, list[float]] = {name: [] for name in configs}
     cpu: dict[str, list[float]] = {name: [] for name in configs}
@@ -114,8 +126,10 @@ def several_runs(args) -> None:
         for k in range(args.runs):
             out = os.path.join(tmp, f"run{k}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "--rounds", str(args.rounds),
-                   "--requests", str(args.requests), "--json", out]
+                   "--requests", str(args.requests), "--max-tokens", str(args.max_tokens),
+                   "--json", out]
             cmd += ["--by-feature"] if args.by_feature else []
+            cmd += ["--mechanics"] if args.mechanics else []
             print(f"run {k + 1}/{args.runs}", file=sys.stderr)
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             with open(out) as f:
@@ -127,7 +141,8 @@ def several_runs(args) -> None:
     for n in names[1:]:
         print(f"  {n:36} " + "  ".join(f"{statistics.median(x) * 100:+5.1f}%" for x in ratio[n]))
     rng = random.Random(0)
-    print(f"all {args.runs} runs pooled ({args.runs} x {args.rounds} rounds):")
+    print(f"all {args.runs} runs pooled ({args.runs} x {args.rounds} rounds, each a batch of "
+          f"{args.requests} image requests, {args.max_tokens} tokens each):")
     for n in names[1:]:
         pooled = [v for x in ratio[n] for v in x]
         meds = sorted(statistics.median([v for x in rng.choices(ratio[n], k=len(ratio[n]))
@@ -172,7 +187,7 @@ def report(times, cpu, tokens, args) -> None:
               f"{statistics.median(ratios) * 100:+14.1f}% [{lo * 100:+5.1f}, {hi * 100:+5.1f}] "
               f"{cpu_ratio * 100:+10.1f}% {p10 * 100:+10.1f}%")
     print(f"(over {args.rounds} interleaved rounds, each a batch of {args.requests} image "
-          f"requests, 16 tokens each, one in-process engine; wall: median of per-round ratios to "
+          f"requests, {args.max_tokens} tokens each, one in-process engine; wall: median of per-round ratios to "
           f"the bare run; CPU: the same for the process's CPU time, all threads; p10: ratio of "
           f"the 10th percentiles of batch times)")
 
