@@ -289,18 +289,12 @@ static PyObject *observer_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
     o->vectorcall = observer_call;
     o->info_every = info_every;
     o->emit_log = -1;
-    Py_INCREF(logger);
-    o->logger = logger;
-    Py_INCREF(first_rank);
-    o->first_rank = first_rank;
-    Py_INCREF(tracing);
-    o->tracing = tracing;
-    Py_INCREF(meta_format);
-    o->meta_format = meta_format;
-    Py_INCREF(log_format);
-    o->log_format = log_format;
-    Py_INCREF(fallback);
-    o->fallback = fallback;
+    o->logger = Py_NewRef(logger);
+    o->first_rank = Py_NewRef(first_rank);
+    o->tracing = Py_NewRef(tracing);
+    o->meta_format = Py_NewRef(meta_format);
+    o->log_format = Py_NewRef(log_format);
+    o->fallback = Py_NewRef(fallback);
     return (PyObject *)o;
 }
 
