@@ -11,9 +11,9 @@ import time
 import weakref
 
 from mmscope import stages, tracing
+from mmscope import telemetry as telemetry_module
 from mmscope.stage_timing import ENABLED as STAGE_METRICS
 from mmscope.stage_timing import FRONTEND, MAX_PER_STAGE, WORKER, timed_stage
-from mmscope import telemetry as telemetry_module
 from mmscope.telemetry import StepTelemetry, split_prefill_decode
 from mmscope.vllm.patching import PY_ONLY, HookState, native_wrapper
 
