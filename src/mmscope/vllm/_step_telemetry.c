@@ -196,27 +196,17 @@ static int shape_of(StepObserver *o, PyObject *runner, PyObject *scheduled, Shap
     return rc;
 }
 
-static PyObject *formatted(PyObject *format, const char *spec, ...) {
-    va_list va;
-    va_start(va, spec);
-    PyObject *values = Py_VaBuildValue(spec, va);
-    va_end(va);
+/* The step_meta range: its name formatted with stages.STEP_META_FORMAT, marked through tracing. */
+static PyObject *mark_step(StepObserver *o, Shape *sh) {
+    PyObject *values = Py_BuildValue("(LLLL)", sh->prefill, sh->decode, sh->total, sh->reqs);
     if (values == NULL)
         return NULL;
-    PyObject *text = PyUnicode_Format(format, values);
+    PyObject *name = PyUnicode_Format(o->meta_format, values);
     Py_DECREF(values);
-    return text;
-}
-
-static PyObject *mark_step(StepObserver *o, Shape *sh) {
-    PyObject *mark = PyObject_GetAttr(o->tracing, s_mark);
-    if (mark == NULL)
-        return NULL;
-    PyObject *name = formatted(o->meta_format, "(LLLL)", sh->prefill, sh->decode, sh->total,
-                               sh->reqs);
-    PyObject *r = name ? PyObject_CallOneArg(mark, name) : NULL;
+    PyObject *mark = name ? PyObject_GetAttr(o->tracing, s_mark) : NULL;
+    PyObject *r = mark ? PyObject_CallOneArg(mark, name) : NULL;
+    Py_XDECREF(mark);
     Py_XDECREF(name);
-    Py_DECREF(mark);
     return r;
 }
 
