@@ -158,28 +158,43 @@ def test_an_interrupt_inside_an_observer_is_not_swallowed():
 
 
 def test_the_probe_gate_opens_only_for_requests_with_items_ahead():
-    from mmscope.vllm.encoder_cache import items_ahead, items_ahead_gate
+    from mmscope.vllm.encoder_cache import PROBE, items_ahead, probe_gate
 
     class Scheduler:
         def try_schedule(self, request, num_computed_tokens, num_new_tokens, budget, shift=0):
+            during.append(PROBE.request is request)
+            if num_new_tokens < 0:
+                raise ValueError("vLLM's own error")
             return "original"
 
-    looked = []
+    during, looked = [], []
     state = patching.HookState("test.gate")
-    gate = items_ahead_gate(Scheduler.try_schedule,
-                            lambda *a, **k: looked.append((a[2], k)) or "probe", state)
+    gate = probe_gate(lambda result, sched, request, computed, *a, **k:
+                      looked.append((result, computed, k, PROBE.request)))(Scheduler.try_schedule,
+                                                                           state)
     item = lambda offset, length: NS(mm_position=NS(offset=offset, length=length))  # noqa: E731
     requests = [NS(mm_features=None), NS(mm_features=[]),
                 NS(mm_features=[item(0, 4), item(10, 5)])]
     for request in requests:
         for computed in (0, 9, 14, 15, 40):
-            result = gate(Scheduler(), request, computed, 1, 100, shift=2)
-            assert (result == "probe") == items_ahead(request, computed), (request, computed)
-    assert looked == [(0, {"shift": 2}), (9, {"shift": 2}), (14, {"shift": 2})]
+            assert gate(Scheduler(), request, computed, 1, 100, shift=2) == "original"
+            assert during.pop() == items_ahead(request, computed), (request, computed)
+    # The observer runs after vLLM's call, for the requests with items ahead only, with the
+    # probe closed again.
+    assert looked == [("original", c, {"shift": 2}, None) for c in (0, 9, 14)]
+    # vLLM's exception passes through; the observer still runs (result None) to reset the probe.
+    with pytest.raises(ValueError, match="vLLM's own error"):
+        gate(Scheduler(), requests[2], 0, -1, 100)
+    assert looked[-1] == (None, 0, {}, None) and PROBE.request is None and state.enabled
+    # Called with keywords (not vLLM's way), the Python twin decides, alike.
+    assert gate(Scheduler(), request=requests[2], num_computed_tokens=0, num_new_tokens=1,
+                budget=1) == "original"
+    assert during.pop() and looked[-1][0] == "original"
     # A request the check cannot read turns the hook off; vLLM's call still goes through.
     assert gate(Scheduler(), NS(mm_features=[NS()]), 0, 1, 100) == "original"
     assert not state.enabled and "AttributeError" in state.error
     assert gate(Scheduler(), requests[2], 0, 1, 100) == "original"  # off: vLLM's road only
+    assert during.pop() is False
 
 
 class Owner:

@@ -2,10 +2,28 @@
 from __future__ import annotations
 
 import random
+import sys
+
+import pytest
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from mmscope.vllm import patching
 from mmscope.vllm import stat_loggers as sl
+
+ON_LINUX = sys.platform.startswith("linux")
+
+
+@pytest.fixture(params=["c", "python"])
+def batch_path(request, monkeypatch):
+    """observe_many's C path (observe_batch) and its Python one must give the same exposition."""
+    if request.param == "python":
+        monkeypatch.setattr(patching, "_native", None)
+    elif patching._native is None:
+        if ON_LINUX:
+            pytest.fail("mmscope.vllm._wrappers is not built (pip install -e . builds it)")
+        pytest.skip("the C wrappers are optional off Linux")
+    return request.param
 
 
 def _exposition(registry) -> list[str]:
@@ -28,7 +46,7 @@ def _durations(n: int, seed: int) -> list[int]:
             for _ in range(n)]
 
 
-def test_bucket_counts_equal_observe_for_small_and_large_batches():
+def test_bucket_counts_equal_observe_for_small_and_large_batches(batch_path):
     for n in (1, 3, 15, 16, 500):
         ref_registry, ref = _histogram()
         registry, child = _histogram()
@@ -40,6 +58,24 @@ def test_bucket_counts_equal_observe_for_small_and_large_batches():
         assert [l for l in ours if "_sum" not in l] == [l for l in theirs if "_sum" not in l]
         total = next(float(l.split()[-1]) for l in ours if "_sum" in l)
         assert abs(total - sum(values) / 1e9) <= 1e-9 * max(1.0, total)
+
+
+def test_values_of_another_class_are_added_through_their_inc(batch_path):
+    # The multiprocess value class (MmapedValue) is not updated in place: its inc() writes a file.
+    class FileValue:
+        def __init__(self):
+            self.added = []
+
+        def inc(self, amount):
+            self.added.append(amount)
+
+    child = type("Child", (), {})()
+    child._buckets = [FileValue() for _ in sl.THRESHOLDS_NS]
+    child._sum = FileValue()
+    sl.observe_many(child, [5_000, 5_000, 2_000_000, 20 * 10**9])
+    assert {i: sum(v.added) for i, v in enumerate(child._buckets) if v.added} == {
+        0: 2, sl.STAGE_BUCKETS.index(2.5e-3): 1, len(sl.STAGE_BUCKETS): 1}
+    assert child._sum.added == [pytest.approx(20.00201)]
 
 
 def test_a_child_without_prometheus_internals_gets_plain_observe():

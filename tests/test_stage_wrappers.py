@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+from unittest.mock import ANY
 
 import pytest
 
@@ -126,7 +127,7 @@ def test_instance_methods_are_unwrapped_and_wrapped_again_with_the_hooks():
     ranges.unwrap_instances()
 
 
-def test_hash_ranges_name_each_branch_on_vllms_hasher(tmp_path):
+def test_hash_ranges_name_each_branch_on_vllms_hasher(tmp_path, wrappers):
     """The hash wrapper names a range after the branch serialize_item takes, remembering the
     answer per item type only where the type decides it (MediaWithBytes: the wrapped media)."""
     import numpy as np
@@ -151,3 +152,12 @@ def test_hash_ranges_name_each_branch_on_vllms_hasher(tmp_path):
     durations = FRONTEND.drain()
     assert sorted(n for n in durations for _ in durations[n]) == sorted(names)
     assert state.enabled
+    if wrappers == "c":  # an item of a type already named takes the C road: no frame of ours
+        ours = []
+        sys.setprofile(lambda frame, event, arg: ours.append(frame.f_code.co_name)
+                       if event == "call" and frame.f_code.co_filename == ranges.__file__ else None)
+        try:
+            hashed("sha256", image=picture)
+        finally:
+            sys.setprofile(None)
+        assert ours == [] and FRONTEND.drain() == {stages.hash_range("pil_image"): [ANY]}

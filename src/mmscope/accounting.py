@@ -51,16 +51,8 @@ class EncoderCacheStats:
     def empty(self) -> bool:
         return not (self.queries or self.deferrals or self.evictions)
 
-    def add(self, other: "EncoderCacheStats") -> None:
-        for name in ("requests", "queries", "hits", "misses", "deferrals", "evictions"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.hits_by_source.update(other.hits_by_source)
-        self.queries_by_modality.update(other.queries_by_modality)
-        self.hits_by_modality.update(other.hits_by_modality)
-        if other.capacity_embeds is not None:
-            self.usage_embeds, self.capacity_embeds = other.usage_embeds, other.capacity_embeds
-
-    # The wire form is a flat dict[str, int]: msgspec carries it between processes untouched.
+    # The wire form is a flat dict[str, int]: msgspec carries it between processes untouched, and
+    # the API server's loggers add it up key by key (stat_loggers.EncoderCacheProm.observe).
     def to_wire(self) -> dict[str, int]:
         wire = {"requests": self.requests, "queries": self.queries, "hits": self.hits,
                 "misses": self.misses, "deferrals": self.deferrals, "evictions": self.evictions}
@@ -71,19 +63,6 @@ class EncoderCacheStats:
             wire["usage_embeds"] = self.usage_embeds or 0
             wire["capacity_embeds"] = self.capacity_embeds
         return wire
-
-    @classmethod
-    def from_wire(cls, wire: dict[str, int]) -> "EncoderCacheStats":
-        stats = cls(**{k: int(wire.get(k, 0)) for k in
-                       ("requests", "queries", "hits", "misses", "deferrals", "evictions")})
-        for key, value in wire.items():
-            group, _, label = key.partition(":")
-            if label:
-                getattr(stats, group)[label] += int(value)
-        if "capacity_embeds" in wire:
-            stats.usage_embeds = int(wire.get("usage_embeds", 0))
-            stats.capacity_embeds = int(wire["capacity_embeds"])
-        return stats
 
 
 ProbeSink = Callable[[str, Item, str | None], None]  # (outcome, item, hit source)
@@ -108,6 +87,13 @@ class EncoderCacheLedger:
     def restart_request(self, request_id: str) -> None:
         """The scheduler looks at this request again in the same step: the last look counts."""
         self._proposals.pop(request_id, None)
+
+    def set_proposals(self, request_id: str, proposals: list[tuple[Item, Decision]] | None) -> None:
+        """One look at a request, whole: restart_request, then propose each (item, decision)."""
+        if proposals:
+            self._proposals[request_id] = proposals
+        else:
+            self._proposals.pop(request_id, None)
 
     def allocated(self, key: str) -> None:
         """A scheduled request reserved cache space for `key` (computed or loaded) in this step."""
@@ -150,17 +136,15 @@ class EncoderCacheLedger:
                     done.add(item.index)
                     committed_any = True
             else:
-                self._count(item, self._source(item, decision, step_keys))
+                # A resident hit on what another request of this step computes or loads: in_step.
+                if decision is Decision.LOCAL_HIT and item.key in step_keys:
+                    self._count(item, "in_step")
+                else:
+                    self._count(item, decision.value)
                 done.add(item.index)
                 committed_any = True
         if committed_any:
             self._stats.requests += 1
-
-    @staticmethod
-    def _source(item: Item, decision: Decision, step_keys: set[str]) -> str:
-        if decision is Decision.LOCAL_HIT and item.key in step_keys:
-            return "in_step"  # another request of this step computes or loads it
-        return decision.value
 
     def _count(self, item: Item, source: str | None) -> None:
         s = self._stats

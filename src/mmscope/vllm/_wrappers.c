@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <limits.h>
 #include <time.h>
 
 #if PY_VERSION_HEX >= 0x030D0000
@@ -17,14 +18,23 @@
 #endif
 
 /* AFTER/BEFORE: observe(result, *args) after, or observe(*args) before, the original.
- * ITEMS_AHEAD: the probe gate (observe is the Python around-wrapper).
+ * PROBE: the encoder-cache probe around _try_schedule_encoder_inputs. For a request with items
+ *   still ahead, `probe.request` names it while the original runs (the cache manager's observers
+ *   read it), then observe(result, *args), with result None when vLLM raised; other requests run
+ *   the original bare, and an unusual call shape (keywords) takes `slow`, the Python twin.
  * TIMED: the original timed whole, then observe(name, ns) (a stage collector's record).
+ * TIMED_BY_ITEM: TIMED for MultiModalHasher.hash_kwargs(cls, algorithm, **kwargs), named by the
+ *   type of the one keyword argument not in `not_items` (name: dict type -> range name); any other
+ *   call (several items, a type not yet named) takes `slow`, the Python wrapper, which names it.
  * RANGED_CM: the original returns a context manager; it is handed back inside a TimedCM that
  *   times the block and calls observe(names[args[1]], ns) on exit.
  * While tracing is on (`switch.on`), TIMED and RANGED_CM also open a span from tracing's current
  * factory (`switch._span_factory`); RANGED_CM hands a stage not yet in `names` to `slow` (the
  * Python wrapper, which names it). */
-enum { MODE_AFTER = 0, MODE_BEFORE = 1, MODE_ITEMS_AHEAD = 2, MODE_TIMED = 3, MODE_RANGED_CM = 4 };
+enum {
+    MODE_AFTER = 0, MODE_BEFORE = 1, MODE_PROBE = 2, MODE_TIMED = 3, MODE_RANGED_CM = 4,
+    MODE_TIMED_BY_ITEM = 5
+};
 
 /* One clause of a hook's `when` guard (patching.py documents the forms): the observer runs when
  * any clause holds, so quiet steps cost no Python call at all. */
@@ -40,14 +50,18 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *original;
-    PyObject *observe; /* AFTER: observe(result, *args); BEFORE: observe(*args); GATE: around(*args) */
+    PyObject *observe; /* AFTER, PROBE: observe(result, *args); BEFORE: observe(*args) */
     PyObject *state;   /* HookState: .enabled, .failed(exc) */
     PyObject *dict;    /* functools.wraps writes __name__, __wrapped__, ... here */
     int mode;
     Py_ssize_t nclauses;
     Clause *clauses;
-    PyObject *name;   /* TIMED: the stage name; RANGED_CM: dict vLLM stage -> range name */
-    PyObject *slow;   /* RANGED_CM: the Python wrapper, for a stage not yet named */
+    PyObject *name;   /* TIMED: the stage name; RANGED_CM: dict vLLM stage -> range name;
+                         TIMED_BY_ITEM: dict item type -> range name */
+    PyObject *slow;   /* RANGED_CM: the Python wrapper, for a stage not yet named; PROBE: the
+                         Python twin, for an unusual call shape */
+    PyObject *probe;  /* PROBE: the object whose `request` names the request being probed */
+    PyObject *not_items; /* TIMED_BY_ITEM: a frozenset of keyword names that are not items */
     PyObject *switch_;/* an object whose `on` says whether tracing is on */
     PyObject *store;  /* TIMED, RANGED_CM: the collector's live dict stage -> [ns]; optional */
     Py_ssize_t limit; /* the bound per stage: at it, `observe` (record) decides (and counts) */
@@ -65,7 +79,8 @@ typedef struct {
 } TimedCM;
 
 static PyObject *s_on, *s_enter, *s_exit, *s_span_factory;
-static PyObject *s_enabled, *s_failed, *s_mm_features, *s_mm_position, *s_offset, *s_length;
+static PyObject *s_enabled, *s_failed, *s_mm_features, *s_mm_position, *s_offset, *s_length,
+    *s_request, *s_inc, *s_lock, *s_value, *s_acquire, *s_release;
 
 static int state_enabled(Wrapper *w) {
     PyObject *v = PyObject_GetAttr(w->state, s_enabled);
@@ -362,10 +377,10 @@ static int store_duration(Wrapper *w, PyObject *name, long long ns) {
     return rc;
 }
 
-static PyObject *timed_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    if (!state_enabled(w))
-        return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
-    PyObject *span = new_span(w, w->name);
+/* The original timed whole as stage `name` (a span around it while tracing). */
+static PyObject *timed_run(Wrapper *w, PyObject *name, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames) {
+    PyObject *span = new_span(w, name);
     if (span == NULL && PyErr_Occurred()) {
         if (our_error(w) < 0)
             return NULL;
@@ -379,11 +394,50 @@ static PyObject *timed_call(Wrapper *w, PyObject *const *args, size_t nargsf, Py
     long long elapsed = now_ns() - t0;
     int failed = span != NULL && span_exit(span) < 0;
     Py_XDECREF(span);
-    failed = failed || store_duration(w, w->name, elapsed) < 0;
+    failed = failed || store_duration(w, name, elapsed) < 0;
     if (failed && our_error(w) < 0) {
         Py_XDECREF(result);
         return NULL;
     }
+    return result;
+}
+
+static PyObject *timed_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (!state_enabled(w))
+        return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+    return timed_run(w, w->name, args, nargsf, kwnames);
+}
+
+/* The range name for this call's one item, borrowed; NULL (no error set) for `slow` to decide. */
+static PyObject *item_name(Wrapper *w, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames) {
+    PyObject *item = NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        int skip = PySet_Contains(w->not_items, PyTuple_GET_ITEM(kwnames, i));
+        if (skip < 0 || (!skip && item != NULL)) { /* several items: "mixed", in Python */
+            PyErr_Clear();
+            return NULL;
+        }
+        if (!skip)
+            item = args[nargs + i];
+    }
+    PyObject *name = item ? PyDict_GetItemWithError(w->name, (PyObject *)Py_TYPE(item)) : NULL;
+    if (name == NULL)
+        PyErr_Clear();
+    return name;
+}
+
+static PyObject *timed_by_item_call(Wrapper *w, PyObject *const *args, size_t nargsf,
+                                    PyObject *kwnames) {
+    if (!state_enabled(w))
+        return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+    PyObject *name = item_name(w, args, PyVectorcall_NARGS(nargsf), kwnames);
+    if (name == NULL)
+        return PyObject_Vectorcall(w->slow, args, nargsf, kwnames);
+    Py_INCREF(name); /* the Python road may rebind the dict's entries meanwhile */
+    PyObject *result = timed_run(w, name, args, nargsf, kwnames);
+    Py_DECREF(name);
     return result;
 }
 
@@ -487,11 +541,52 @@ static PyTypeObject TimedCMType = {
     .tp_methods = timedcm_methods,
 };
 
+/* `probe.request = request` around vLLM's call, then the observer; vLLM's exception, if it
+ * raised, stays the one raised (after the observer has reset the probe's per-call state). */
+static PyObject *probe_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    int ahead = 0;
+    if (state_enabled(w)) {
+        int rc = items_ahead(args, PyVectorcall_NARGS(nargsf), kwnames, &ahead);
+        if (rc > 0)
+            return PyObject_Vectorcall(w->slow, args, nargsf, kwnames);
+        if (rc < 0 && our_error(w) < 0)
+            return NULL;
+    }
+    if (ahead && PyObject_SetAttr(w->probe, s_request, args[1]) < 0) {
+        if (our_error(w) < 0)
+            return NULL;
+        ahead = 0;
+    }
+    if (!ahead)
+        return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+    PyObject *result = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    int failed = PyObject_SetAttr(w->probe, s_request, Py_None) < 0;
+    if (!failed && state_enabled(w)) {
+        PyObject *r = call_observer(w, result ? result : Py_None, args, nargsf, kwnames);
+        failed = r == NULL;
+        Py_XDECREF(r);
+    }
+    if (failed && our_error(w) < 0) {
+        if (type == NULL) { /* an interrupt in our code, vLLM's call went through */
+            Py_XDECREF(result);
+            return NULL;
+        }
+        PyErr_Clear(); /* vLLM raised too: its exception wins */
+    }
+    if (type != NULL)
+        PyErr_Restore(type, value, tb);
+    return result;
+}
+
 static PyObject *wrapper_call(PyObject *self, PyObject *const *args, size_t nargsf,
                               PyObject *kwnames) {
     Wrapper *w = (Wrapper *)self;
     if (w->mode == MODE_TIMED)
         return timed_call(w, args, nargsf, kwnames);
+    if (w->mode == MODE_TIMED_BY_ITEM)
+        return timed_by_item_call(w, args, nargsf, kwnames);
     if (w->mode == MODE_RANGED_CM)
         return ranged_cm_call(w, args, nargsf, kwnames);
     if (w->mode == MODE_AFTER) {
@@ -516,19 +611,7 @@ static PyObject *wrapper_call(PyObject *self, PyObject *const *args, size_t narg
         }
         return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
     }
-    /* MODE_ITEMS_AHEAD: the around-wrapper (Python) only for requests with items still ahead. */
-    int ahead = 0;
-    if (state_enabled(w)) {
-        int rc = items_ahead(args, PyVectorcall_NARGS(nargsf), kwnames, &ahead);
-        if (rc < 0) {
-            if (our_error(w) < 0)
-                return NULL;
-            ahead = 0;
-        } else if (rc > 0) {
-            ahead = 1; /* unusual call shape: the Python road decides */
-        }
-    }
-    return PyObject_Vectorcall(ahead ? w->observe : w->original, args, nargsf, kwnames);
+    return probe_call(w, args, nargsf, kwnames);
 }
 
 static PyObject *wrapper_tp_call(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -553,6 +636,8 @@ static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
     Py_VISIT(w->dict);
     Py_VISIT(w->name);
     Py_VISIT(w->slow);
+    Py_VISIT(w->probe);
+    Py_VISIT(w->not_items);
     Py_VISIT(w->switch_);
     Py_VISIT(w->store);
     return 0;
@@ -565,6 +650,8 @@ static int wrapper_clear(Wrapper *w) {
     Py_CLEAR(w->dict);
     Py_CLEAR(w->name);
     Py_CLEAR(w->slow);
+    Py_CLEAR(w->probe);
+    Py_CLEAR(w->not_items);
     Py_CLEAR(w->switch_);
     Py_CLEAR(w->store);
     return 0;
@@ -579,16 +666,16 @@ static void wrapper_dealloc(Wrapper *w) {
 
 static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *original, *observe, *state, *when = NULL, *name = NULL, *slow = NULL,
-             *switch_ = NULL, *store = NULL;
+             *switch_ = NULL, *store = NULL, *probe = NULL, *not_items = NULL;
     Py_ssize_t limit = PY_SSIZE_T_MAX;
     int mode;
     static char *kw[] = {"original", "observe", "state", "mode", "when", "name", "slow", "switch",
-                         "store", "limit", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|OOOOO!n", kw, &original, &observe,
+                         "store", "limit", "probe", "not_items", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|OOOOO!nOO!", kw, &original, &observe,
                                      &state, &mode, &when, &name, &slow, &switch_, &PyDict_Type,
-                                     &store, &limit))
+                                     &store, &limit, &probe, &PyFrozenSet_Type, &not_items))
         return NULL;
-    if (mode < MODE_AFTER || mode > MODE_RANGED_CM) {
+    if (mode < MODE_AFTER || mode > MODE_TIMED_BY_ITEM) {
         PyErr_SetString(PyExc_ValueError, "unknown mode");
         return NULL;
     }
@@ -596,6 +683,15 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         (mode == MODE_RANGED_CM && (name == NULL || !PyDict_Check(name) || slow == NULL ||
                                     !PyCallable_Check(slow)))) {
         PyErr_SetString(PyExc_TypeError, "TIMED needs a name; RANGED_CM a dict of names and slow");
+        return NULL;
+    }
+    if (mode == MODE_PROBE && (probe == NULL || slow == NULL || !PyCallable_Check(slow))) {
+        PyErr_SetString(PyExc_TypeError, "PROBE needs a probe object and slow");
+        return NULL;
+    }
+    if (mode == MODE_TIMED_BY_ITEM && (name == NULL || !PyDict_Check(name) || slow == NULL ||
+                                       !PyCallable_Check(slow) || not_items == NULL)) {
+        PyErr_SetString(PyExc_TypeError, "TIMED_BY_ITEM needs a dict of names, slow, not_items");
         return NULL;
     }
     if (!PyCallable_Check(original) || !PyCallable_Check(observe)) {
@@ -617,6 +713,10 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     w->name = name;
     Py_XINCREF(slow);
     w->slow = slow;
+    Py_XINCREF(probe);
+    w->probe = probe;
+    Py_XINCREF(not_items);
+    w->not_items = not_items;
     w->switch_ = switch_ == Py_None ? NULL : switch_;
     Py_XINCREF(w->switch_);
     Py_XINCREF(store);
@@ -658,9 +758,119 @@ static PyTypeObject WrapperType = {
     .tp_getset = wrapper_getset,
 };
 
+/* Add `amount` to one prometheus_client value: straight under its lock for a MutexValue (the
+ * single-process value class: its inc is exactly this, one Python frame the less per bucket),
+ * through .inc otherwise (e.g. the multiprocess MmapedValue). */
+static int value_add(PyObject *value, PyObject *amount, PyObject *mutex_type) {
+    if ((PyObject *)Py_TYPE(value) != mutex_type) {
+        PyObject *r = PyObject_CallMethodOneArg(value, s_inc, amount);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    PyObject *lock = PyObject_GetAttr(value, s_lock);
+    if (lock == NULL)
+        return -1;
+    PyObject *r = PyObject_CallMethodNoArgs(lock, s_acquire);
+    int rc = -1;
+    if (r != NULL) {
+        Py_DECREF(r);
+        PyObject *old = PyObject_GetAttr(value, s_value);
+        PyObject *sum = old ? PyNumber_Add(old, amount) : NULL;
+        rc = sum ? PyObject_SetAttr(value, s_value, sum) : -1;
+        Py_XDECREF(sum);
+        Py_XDECREF(old);
+        PyObject *exc_type, *exc, *tb;
+        PyErr_Fetch(&exc_type, &exc, &tb);
+        r = PyObject_CallMethodNoArgs(lock, s_release);
+        Py_XDECREF(r);
+        if (exc_type != NULL)
+            PyErr_Restore(exc_type, exc, tb);
+        else if (r == NULL)
+            rc = -1;
+    }
+    Py_DECREF(lock);
+    return rc;
+}
+
+/* observe_batch(durations_ns, thresholds_ns, buckets, total, mutex_type): Histogram.observe for
+ * a batch of integer durations (stat_loggers.observe_many's fast path): the count per bucket by
+ * bisect_left over the ascending thresholds, one add per bucket touched, one to the sum (in
+ * seconds). Emission runs every second with cold caches; in Python it cost tens of us a stage. */
+#define MAX_BUCKETS 64
+
+/* An int as a long long, saturated (the last threshold is 2**63, "+Inf" in nanoseconds). */
+static int clamped_ll(PyObject *v, long long *out) {
+    int overflow;
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow)
+        *out = overflow > 0 ? LLONG_MAX : LLONG_MIN;
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+static PyObject *observe_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyTuple_Check(args[1]) ||
+        !PyList_Check(args[2]) || PyTuple_GET_SIZE(args[1]) != PyList_GET_SIZE(args[2]) ||
+        PyTuple_GET_SIZE(args[1]) > MAX_BUCKETS) {
+        PyErr_SetString(PyExc_TypeError,
+                        "observe_batch(durations list, thresholds tuple, buckets list of the same "
+                        "length, total, mutex_type)");
+        return NULL;
+    }
+    PyObject *durations = args[0], *thresholds = args[1], *buckets = args[2];
+    Py_ssize_t nb = PyTuple_GET_SIZE(thresholds);
+    long long bound[MAX_BUCKETS];
+    Py_ssize_t count[MAX_BUCKETS] = {0};
+    for (Py_ssize_t i = 0; i < nb; i++)
+        if (clamped_ll(PyTuple_GET_ITEM(thresholds, i), &bound[i]) < 0)
+            return NULL;
+    long double total_ns = 0;
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(durations); j++) {
+        long long d;
+        if (clamped_ll(PyList_GET_ITEM(durations, j), &d) < 0)
+            return NULL;
+        Py_ssize_t lo = 0, hi = nb; /* bisect_left: the first bound >= d */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (bound[mid] < d)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == nb) {
+            PyErr_SetString(PyExc_ValueError, "a duration beyond the last threshold");
+            return NULL;
+        }
+        count[lo]++;
+        total_ns += d;
+    }
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        if (count[i] == 0)
+            continue;
+        PyObject *n = PyLong_FromSsize_t(count[i]);
+        int rc = n ? value_add(PyList_GET_ITEM(buckets, i), n, args[4]) : -1;
+        Py_XDECREF(n);
+        if (rc < 0)
+            return NULL;
+    }
+    PyObject *seconds = PyFloat_FromDouble((double)(total_ns / 1e9L));
+    int rc = seconds ? value_add(args[3], seconds, args[4]) : -1;
+    Py_XDECREF(seconds);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_functions[] = {
+    {"observe_batch", (PyCFunction)(void (*)(void))observe_batch, METH_FASTCALL,
+     "observe_batch(durations_ns, thresholds_ns, buckets, total, mutex_type): a histogram "
+     "child's observe() for a batch of integer durations."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "mmscope.vllm._wrappers",
-    "mmscope's hook wrappers in C (patching.py holds the Python equivalents).", -1, NULL,
+    "mmscope's hook wrappers in C (patching.py holds the Python equivalents).", -1,
+    module_functions,
 };
 
 PyMODINIT_FUNC PyInit__wrappers(void) {
@@ -676,7 +886,13 @@ PyMODINIT_FUNC PyInit__wrappers(void) {
         !(s_mm_features = PyUnicode_InternFromString("mm_features")) ||
         !(s_mm_position = PyUnicode_InternFromString("mm_position")) ||
         !(s_offset = PyUnicode_InternFromString("offset")) ||
-        !(s_length = PyUnicode_InternFromString("length")))
+        !(s_length = PyUnicode_InternFromString("length")) ||
+        !(s_request = PyUnicode_InternFromString("request")) ||
+        !(s_inc = PyUnicode_InternFromString("inc")) ||
+        !(s_lock = PyUnicode_InternFromString("_lock")) ||
+        !(s_value = PyUnicode_InternFromString("_value")) ||
+        !(s_acquire = PyUnicode_InternFromString("acquire")) ||
+        !(s_release = PyUnicode_InternFromString("release")))
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -685,9 +901,10 @@ PyMODINIT_FUNC PyInit__wrappers(void) {
     if (PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0 ||
         PyModule_AddIntConstant(m, "AFTER", MODE_AFTER) < 0 ||
         PyModule_AddIntConstant(m, "BEFORE", MODE_BEFORE) < 0 ||
-        PyModule_AddIntConstant(m, "ITEMS_AHEAD", MODE_ITEMS_AHEAD) < 0 ||
+        PyModule_AddIntConstant(m, "PROBE", MODE_PROBE) < 0 ||
         PyModule_AddIntConstant(m, "TIMED", MODE_TIMED) < 0 ||
-        PyModule_AddIntConstant(m, "RANGED_CM", MODE_RANGED_CM) < 0) {
+        PyModule_AddIntConstant(m, "RANGED_CM", MODE_RANGED_CM) < 0 ||
+        PyModule_AddIntConstant(m, "TIMED_BY_ITEM", MODE_TIMED_BY_ITEM) < 0) {
         Py_DECREF(m);
         return NULL;
     }

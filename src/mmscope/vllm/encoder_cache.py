@@ -8,17 +8,17 @@ import functools
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 
 from mmscope import access_log
 from mmscope.accounting import Decision, EncoderCacheLedger, Item, probe_line
 from mmscope.stage_timing import WORKER, merge
-from mmscope.vllm.patching import HookState, logger, native_wrapper, observe_around
+from mmscope.vllm.patching import HookState, logger, native_wrapper
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
 # While the engine is busy, the counts and the worker's stage durations travel at most this often
-# (Prometheus scrapes every few seconds); when it runs dry, at once.
-SEND_EVERY_S = 0.25
+# (Prometheus scrapes every 5-60 s, vLLM's log line comes every 10 s); when it runs dry, at once.
+# Each emission costs a few hundred microseconds in place (cold caches), so not more often.
+SEND_EVERY_S = 1.0
 
 
 def probe_enabled() -> bool:
@@ -54,27 +54,18 @@ def ledger_of(manager) -> EncoderCacheLedger:
     return ledger
 
 
-def item_of(request, index: int) -> Item:
-    feature = request.mm_features[index]
-    return Item(request.request_id, index, feature.modality, feature.identifier,
-                feature.mm_position.get_num_embeds())
+class _Probe(threading.local):
+    """The request whose encoder inputs the scheduler is looking at right now, and what the
+    cache manager answered for it. Per thread, as each scheduler steps on one thread; the probe
+    wrapper sets `request` around vLLM's call (in C where built) and end_probe resets the rest."""
+
+    def __init__(self):
+        self.request = None
+        self.local_hits: list[int] = []
+        self.deferred: list[int] = []
 
 
-@dataclass
-class _Probe:
-    """The request whose encoder inputs the scheduler is looking at right now."""
-
-    request: object
-    local_hits: list[int] = field(default_factory=list)
-    deferred: list[int] = field(default_factory=list)
-
-
-_current = threading.local()
-
-
-def _probing(request) -> _Probe | None:
-    probe = getattr(_current, "probe", None)
-    return probe if probe is not None and probe.request is request else None
+PROBE = _Probe()
 
 
 # --- Scheduler._try_schedule_encoder_inputs: one look at one request's items ------------------
@@ -87,77 +78,95 @@ def items_ahead(request, num_computed_tokens) -> bool:
     return num_computed_tokens < last.offset + last.length
 
 
-def begin_probe(scheduler, request, *args, **kwargs) -> _Probe:
-    _current.probe = probe = _Probe(request)
-    return probe
+def probe_gate(after):
+    """A wrapper factory for the probe, opened only for requests with items ahead: vLLM calls
+    this for every running request in every step, and for a request whose items are all behind
+    it (every decode step) the wrapper should cost one check, not the probe's bookkeeping. For the
+    others, PROBE.request names the request while vLLM's call runs, then `after(result, *args)`
+    (result None when vLLM raised, whose exception passes through). In C where the extension is
+    built (mode PROBE of _wrappers.c); the Python twin is the fallback and the reference."""
+
+    def factory(original, state: HookState):
+        @functools.wraps(original)
+        def wrapper(scheduler, request, num_computed_tokens, *args, **kwargs):
+            try:
+                ahead = state.enabled and items_ahead(request, num_computed_tokens)
+            except Exception as e:  # noqa: BLE001 - an unexpected request shape turns it off
+                state.failed(e)
+                ahead = False
+            if not ahead:
+                return original(scheduler, request, num_computed_tokens, *args, **kwargs)
+            PROBE.request = request
+            result = None
+            try:
+                result = original(scheduler, request, num_computed_tokens, *args, **kwargs)
+                return result
+            finally:
+                PROBE.request = None
+                if state.enabled:
+                    try:
+                        after(result, scheduler, request, num_computed_tokens, *args, **kwargs)
+                    except Exception as e:  # noqa: BLE001
+                        state.failed(e)
+
+        native = native_wrapper(original, after, state, "PROBE", slow=wrapper, probe=PROBE)
+        return native if native is not None else wrapper
+    return factory
 
 
-def probe_wrapped(original, state: HookState):
-    """observe_around(begin_probe, end_probe), opened only for requests with items ahead: vLLM
-    calls this for every running request in every step, and for a request whose items are all
-    behind it (every decode step) the wrapper should cost one check, not the probe's bookkeeping."""
-    return items_ahead_gate(original, observe_around(begin_probe, end_probe)(original, state),
-                            state)
-
-
-def items_ahead_gate(original, around, state: HookState):
-    """`around(*args)` for a request with items ahead, `original(*args)` otherwise; in C where
-    the extension is built (the same check as items_ahead)."""
-    native = native_wrapper(original, around, state, "ITEMS_AHEAD")
-    if native is not None:
-        return native
-
-    @functools.wraps(original)
-    def wrapper(scheduler, request, num_computed_tokens, *args, **kwargs):
-        try:
-            ahead = state.enabled and items_ahead(request, num_computed_tokens)
-        except Exception as e:  # noqa: BLE001 - an unexpected request shape turns the hook off
-            state.failed(e)
-            ahead = False
-        if ahead:
-            return around(scheduler, request, num_computed_tokens, *args, **kwargs)
-        return original(scheduler, request, num_computed_tokens, *args, **kwargs)
-    return wrapper
-
-
-def end_probe(probe: _Probe | None, result, scheduler, request, *args, **kwargs) -> None:
-    if probe is None:
+def end_probe(result, scheduler, request, *args, **kwargs) -> None:
+    """After one look (result None when vLLM raised): the look's tentative decisions become the
+    request's proposals for this step. Inline, with no helper frames: it runs for every request
+    that has items ahead, on the scheduler's cold path."""
+    probe = PROBE
+    local_hits, deferred = probe.local_hits, probe.deferred
+    if local_hits or deferred:
+        probe.local_hits, probe.deferred = [], []
+    manager = scheduler.encoder_cache_manager
+    ledger = manager.__dict__.get("_mmscope_ledger") or ledger_of(manager)
+    if result is None:  # vLLM raised; nothing was decided
+        ledger.set_proposals(request.request_id, None)
         return
-    _current.probe = None
-    ledger = ledger_of(scheduler.encoder_cache_manager)
-    ledger.restart_request(request.request_id)  # the last look in a step is the one that counts
-    if result is None:
-        return  # vLLM raised; nothing was decided
     to_compute, _num_new_tokens, _budget, external_load, duplicates = result
-    if not (to_compute or external_load or duplicates or probe.local_hits or probe.deferred):
+    if not (to_compute or external_load or duplicates or local_hits or deferred):
+        ledger.set_proposals(request.request_id, None)
         return
     scheduler._mmscope_proposed = True  # schedule()'s guard (targets.py): a commit is due
     decisions = {}  # a later kind overrides an earlier one for the same item
-    for indices, decision in ((probe.local_hits, Decision.LOCAL_HIT),
-                              (probe.deferred, Decision.DEFERRED), (to_compute, Decision.COMPUTE),
-                              (external_load, Decision.CONNECTOR),
+    for indices, decision in ((local_hits, Decision.LOCAL_HIT), (deferred, Decision.DEFERRED),
+                              (to_compute, Decision.COMPUTE), (external_load, Decision.CONNECTOR),
                               (duplicates, Decision.DUPLICATE)):
         for i in indices:
             decisions[i] = decision
+    request_id, features = request.request_id, request.mm_features
+    proposals = []
     for index in sorted(decisions):
-        ledger.propose(item_of(request, index), decisions[index])
+        feature = features[index]
+        # tuple.__new__: the NamedTuple's own __new__ would add a Python frame per item
+        item = _new_tuple(Item, (request_id, index, feature.modality, feature.identifier,
+                                 feature.mm_position.get_num_embeds()))
+        proposals.append((item, decisions[index]))
+    ledger.set_proposals(request_id, proposals)
+
+
+_new_tuple = tuple.__new__
 
 
 # --- EncoderCacheManager: tentative answers while a probe is open ----------------------------
 def saw_cache_check(result, manager, request, input_id, *args, **kwargs) -> None:
-    probe = _probing(request)
-    if result and probe is not None:
+    probe = PROBE
+    if result and probe.request is request:  # not the duplicates' calls at allocation
         probe.local_hits.append(input_id)
 
 
 def saw_can_allocate(result, manager, request, input_id, *args, **kwargs) -> None:
-    probe = _probing(request)
-    if not result and probe is not None:
+    probe = PROBE
+    if not result and probe.request is request:
         probe.deferred.append(input_id)
 
 
 def saw_free(manager, request, *args, **kwargs) -> None:
-    ledger = ledger_of(manager)
+    ledger = manager.__dict__.get("_mmscope_ledger") or ledger_of(manager)  # once per request
     ledger.forget(request.request_id)
     if ledger.access_log is not None:
         ledger.access_log.freed(request.request_id)

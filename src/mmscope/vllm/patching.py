@@ -198,10 +198,11 @@ def guard_passes(when: tuple, timers: list[float], result, args: tuple) -> bool:
 
 def native_wrapper(original: Callable, observe: Callable, state: HookState,
                    mode: str, when: tuple = (), **extra) -> Callable | None:
-    """The C wrapper (a mode of _wrappers.c: AFTER, BEFORE, ITEMS_AHEAD, TIMED, RANGED_CM; `extra`
-    carries TIMED's and RANGED_CM's name, slow and switch) where it is built, else None. It passes
-    the caller's arguments through with vectorcall and binds like a function: a Python wrapper's
-    frame costs microseconds in vLLM's step loop, where caches are cold after every forward."""
+    """The C wrapper (a mode of _wrappers.c: AFTER, BEFORE, PROBE, TIMED, TIMED_BY_ITEM,
+    RANGED_CM; `extra` carries their name, slow, switch, store, limit, probe and not_items) where
+    it is built, else None. It passes the caller's arguments through with vectorcall and binds
+    like a function: a Python wrapper's frame costs microseconds in vLLM's step loop, where caches
+    are cold after every forward."""
     if _native is None:
         return None
     wrapper = _native.Wrapper(original, observe, state, getattr(_native, mode), when, **extra)

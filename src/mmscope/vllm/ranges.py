@@ -61,7 +61,8 @@ def hash_branch(obj) -> str:
 
 def hash_kwargs_ranged(original, state: HookState):
     """One `mm:hash:<branch>` range per hashed item. hash_kwargs consumes serialize_item's lazy
-    byte generator before it returns, so the range covers the serialization, not just the call."""
+    byte generator before it returns, so the range covers the serialization, not just the call.
+    In C (TIMED_BY_ITEM) for an item whose type this Python wrapper has already named."""
     now, record = time.perf_counter_ns, FRONTEND.record
     mixed = stages.hash_range("mixed")
     by_type: dict[type, str] = {}  # item type -> range name, where the type alone decides
@@ -92,7 +93,11 @@ def hash_kwargs_ranged(original, state: HookState):
         finally:
             if STAGE_METRICS:
                 record(name, now() - t0)
-    return wrapper
+
+    native = native_wrapper(original, record, state, "TIMED_BY_ITEM", name=by_type, slow=wrapper,
+                            switch=tracing, store=FRONTEND.durations, limit=MAX_PER_STAGE,
+                            not_items=NOT_ITEMS) if STAGE_METRICS else None
+    return native or wrapper
 
 
 def branch_by_type(obj) -> bool:

@@ -11,8 +11,9 @@ import math
 import threading
 from collections import Counter
 
-from mmscope.accounting import SOURCES, EncoderCacheStats
+from mmscope.accounting import SOURCES
 from mmscope.stage_timing import FRONTEND, merge
+from mmscope.vllm import patching
 
 # name, documentation: the counters next to vllm:prefix_cache_* and vllm:mm_cache_*; "encoder
 # cache" everywhere so they cannot be mistaken for the processor cache (vllm:mm_cache_*).
@@ -55,16 +56,10 @@ GAUGES = {
 }
 
 
-def stats_of(scheduler_stats) -> EncoderCacheStats | None:
-    """The counts carried by one SchedulerStats, parsed once for all our loggers."""
-    if scheduler_stats is None:
-        return None
-    parsed = scheduler_stats.__dict__.get("_mmscope_parsed")
-    if parsed is None:
-        wire = scheduler_stats.encoder_cache_stats  # declared by schema.py
-        parsed = EncoderCacheStats.from_wire(wire) if wire else False
-        scheduler_stats._mmscope_parsed = parsed
-    return parsed or None
+def wire_of(scheduler_stats) -> dict[str, int] | None:
+    """The counts one SchedulerStats carries, in their wire form (EncoderCacheStats.to_wire):
+    read as they come, with no parsing, since both loggers only add them up."""
+    return scheduler_stats.encoder_cache_stats if scheduler_stats is not None else None
 
 
 class EncoderCacheProm:
@@ -88,6 +83,8 @@ class EncoderCacheProm:
         # Children resolved once (labels() takes a lock and hashes the values on every call);
         # created now, so the series exist at zero and dashboards resolve at once.
         self._children: dict[tuple, object] = {}
+        # (engine, wire key) -> the child's inc or set, or None for a key with no series of its own
+        self._updates: dict[tuple[int, str], object] = {}
         for idx in per_engine_labelvalues:
             for key in (*self.counters, *self.gauges):
                 self._child(idx, key)
@@ -103,18 +100,29 @@ class EncoderCacheProm:
             self._children[(engine_idx, key, *extra)] = child
         return child
 
-    def observe(self, stats: EncoderCacheStats, engine_idx: int) -> None:
+    def _update_of(self, engine_idx: int, wire_key: str):
+        """What a wire key does: `hits` -> the hits counter's inc, `hits_by_source:local` -> that
+        label's inc, `usage_embeds` -> the gauge's set; `requests` (the log line's) -> None."""
+        key, _, label = wire_key.partition(":")
+        if label:
+            update = self._child(engine_idx, key, label).inc if key in self.labeled else None
+        elif key in self.gauges:
+            update = self._child(engine_idx, key).set
+        else:
+            update = self._child(engine_idx, key).inc if key in self.counters else None
+        self._updates[(engine_idx, wire_key)] = update
+        return update
+
+    def observe(self, wire: dict[str, int], engine_idx: int) -> None:
         if engine_idx not in self.labelvalues:
             return
-        for key in self.counters:
-            if n := getattr(stats, key):
-                self._child(engine_idx, key).inc(n)
-        for key in self.labeled:
-            for label, n in getattr(stats, key).items():
-                self._child(engine_idx, key, label).inc(n)
-        if stats.capacity_embeds is not None:
-            self._child(engine_idx, "usage_embeds").set(stats.usage_embeds or 0)
-            self._child(engine_idx, "capacity_embeds").set(stats.capacity_embeds)
+        updates = self._updates
+        for wire_key, n in wire.items():
+            update = updates.get((engine_idx, wire_key), False)
+            if update is False:
+                update = self._update_of(engine_idx, wire_key)
+            if update is not None and (n or wire_key in GAUGES):
+                update(n)
 
     def observe_stages(self, durations: dict[str, list[int]], engine_idx: int) -> None:
         if engine_idx not in self.labelvalues:
@@ -141,13 +149,18 @@ _bucket_of = functools.partial(bisect.bisect_left, THRESHOLDS_NS)
 
 
 def observe_many(child, durations_ns: list[int]) -> None:
-    """Histogram.observe for a batch: bucket counts by bisection (in C), then one increment per
-    bucket touched, instead of a locked increment and a linear bucket search per value. Falls
-    back to observe() where the child is not prometheus_client's Histogram (e.g. Ray's)."""
+    """Histogram.observe for a batch: bucket counts by bisection, then one increment per bucket
+    touched, instead of a locked increment and a linear bucket search per value; in C where the
+    extension is built. Falls back to observe() where the child is not prometheus_client's
+    Histogram (e.g. Ray's)."""
     buckets, total = getattr(child, "_buckets", None), getattr(child, "_sum", None)
     if total is None or buckets is None or len(buckets) != len(THRESHOLDS_NS):
         for d in durations_ns:
             child.observe(d / 1e9)
+        return
+    native = patching._native
+    if native is not None and type(durations_ns) is list:
+        native.observe_batch(durations_ns, THRESHOLDS_NS, buckets, total, _mutex_value())
         return
     total.inc(sum(durations_ns) / 1e9)
     if len(durations_ns) < 16:  # a step's worth: a Counter would cost more than it saves
@@ -156,6 +169,13 @@ def observe_many(child, durations_ns: list[int]) -> None:
         return
     for i, n in Counter(map(_bucket_of, durations_ns)).items():
         buckets[i].inc(n)
+
+
+@functools.cache
+def _mutex_value() -> type:
+    """prometheus_client's single-process value class, which observe_batch updates in place."""
+    from prometheus_client.values import MutexValue
+    return MutexValue
 
 
 # --- PrometheusStatLogger hooks ---------------------------------------------------------------
@@ -172,9 +192,9 @@ def prom_recorded(result, prom_logger, scheduler_stats, iteration_stats=None,
     prom = getattr(prom_logger, "_mmscope_prom", None)
     if prom is None or scheduler_stats is None:
         return
-    stats = stats_of(scheduler_stats)
-    if stats is not None:
-        prom.observe(stats, engine_idx)
+    wire = wire_of(scheduler_stats)
+    if wire:
+        prom.observe(wire, engine_idx)
     worker = scheduler_stats.mm_stage_durations
     if worker or FRONTEND.pending:
         prom.observe_stages(merge(FRONTEND.drain(), worker), engine_idx)
@@ -183,14 +203,15 @@ def prom_recorded(result, prom_logger, scheduler_stats, iteration_stats=None,
 # --- LoggingStatLogger hooks: the windowed rate and the log-line suffix -----------------------
 def log_recorded(result, log_logger, scheduler_stats, iteration_stats=None,
                  mm_cache_stats=None, engine_idx: int = 0) -> None:
-    stats = stats_of(scheduler_stats)
-    if stats is None or not stats.queries:
+    wire = wire_of(scheduler_stats)
+    if not wire or not wire.get("queries"):
         return
     BaseCacheStats, CachingMetrics = _vllm_cache_stats()
     window = log_logger.__dict__.get("_mmscope_window")
     if window is None:
         window = log_logger._mmscope_window = CachingMetrics()  # same window as the MM cache rate
-    window.observe(BaseCacheStats(requests=stats.requests, queries=stats.queries, hits=stats.hits))
+    window.observe(BaseCacheStats(requests=wire["requests"], queries=wire["queries"],
+                                  hits=wire["hits"]))
 
 
 @functools.cache

@@ -24,7 +24,7 @@ def accounting_hooks() -> list[Hook]:
     return [
         Hook("scheduler.encoder_probe", f"{SCHED}._try_schedule_encoder_inputs",
              ("self", "request", "num_computed_tokens", "num_new_tokens", "encoder_compute_budget"),
-             ec.probe_wrapped, "accounting", "EngineCore"),
+             ec.probe_gate(ec.end_probe), "accounting", "EngineCore"),
         Hook("encoder_cache.local_hit", f"{ECM}.check_and_update_cache",
              ("self", "request", "input_id"), observe_after(ec.saw_cache_check),
              "accounting", "EngineCore"),
