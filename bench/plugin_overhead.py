@@ -72,6 +72,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1,
                     help="engine processes, one after another (each has its own memory layout, "
                          "which moves a ratio by more than its rounds' noise)")
+    ap.add_argument("--raw", help="with --runs: also write every run's raw times to this JSON "
+                                   "file (to pool them with another invocation's later)")
     ap.add_argument("--json", help=argparse.SUPPRESS)  # a run's raw times, for the parent
     args = ap.parse_args()
     if args.runs > 1:
@@ -134,23 +136,33 @@ def several_runs(args) -> None:
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             with open(out) as f:
                 runs.append(json.load(f))
+    if args.raw:
+        with open(args.raw, "w") as f:
+            json.dump(runs, f)
     names = list(runs[0]["times"])
     base = "without mmscope"
-    ratio = {n: [paired(r["times"][n], r["times"][base]) for r in runs] for n in names}
-    print("per run, median of per-round ratios to the bare run:")
-    for n in names[1:]:
-        print(f"  {n:36} " + "  ".join(f"{statistics.median(x) * 100:+5.1f}%" for x in ratio[n]))
     rng = random.Random(0)
-    print(f"all {args.runs} runs pooled ({args.runs} x {args.rounds} rounds, each a batch of "
-          f"{args.requests} image requests, {args.max_tokens} tokens each):")
-    for n in names[1:]:
-        pooled = [v for x in ratio[n] for v in x]
-        meds = sorted(statistics.median([v for x in rng.choices(ratio[n], k=len(ratio[n]))
-                                         for v in rng.choices(x, k=len(x))])
-                      for _ in range(1000))
-        print(f"  {n:36} {statistics.median(pooled) * 100:+5.1f}% "
-              f"[{meds[50] * 100:+5.1f}, {meds[949] * 100:+5.1f}] (90% interval, runs and "
-              f"rounds resampled)")
+    for clock, what in (("times", "wall time"), ("cpu", "CPU time of the process, all threads")):
+        ratio = {n: [paired(r[clock][n], r[clock][base]) for r in runs] for n in names}
+        print(f"{what}: per run, median of per-round ratios to the bare run:")
+        for n in names[1:]:
+            print(f"  {n:36} " + "  ".join(f"{statistics.median(x) * 100:+5.1f}%" for x in ratio[n]))
+        print(f"{what}: all {args.runs} runs pooled ({args.runs} x {args.rounds} rounds, each a "
+              f"batch of {args.requests} image requests, {args.max_tokens} tokens each):")
+        for n in names[1:]:
+            pooled = [v for x in ratio[n] for v in x]
+            lo, hi = pooled_interval(ratio[n], rng)
+            print(f"  {n:36} {statistics.median(pooled) * 100:+5.1f}% [{lo * 100:+5.1f}, "
+                  f"{hi * 100:+5.1f}] (90% interval, runs and rounds resampled)")
+
+
+def pooled_interval(runs: list[list[float]], rng: random.Random) -> tuple[float, float]:
+    """The median's 90% interval, resampling runs, then rounds within them: it includes the
+    run-to-run spread (each process has its own memory layout)."""
+    meds = sorted(statistics.median([v for x in rng.choices(runs, k=len(runs))
+                                     for v in rng.choices(x, k=len(x))])
+                  for _ in range(1000))
+    return meds[50], meds[949]
 
 
 def paired(ts: list[float], base: list[float]) -> list[float]:

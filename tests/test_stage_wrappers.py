@@ -91,6 +91,30 @@ def test_processor_stages_are_timed_under_their_range_names(wrappers, tmp_path):
     assert len(FRONTEND.drain()[stages.processor_range("hf_processor")]) == 1
 
 
+class ModelRunner:  # vLLM's GPUModelRunner.timed_encoder_operation: a context manager
+    @contextlib.contextmanager
+    def timed_encoder_operation(self, should_time, group_lora_refs, current_item_idx, num_items):
+        yield
+
+
+def test_the_encoder_forward_is_one_vit_forward_range_per_encoder_batch(wrappers, tmp_path):
+    state = patching.HookState("test.vit")
+    forward = ranges.encoder_forward_ranged(ModelRunner.timed_encoder_operation, state)
+    assert (type(forward).__name__ == "Wrapper") == (wrappers == "c")
+    for should_time in (False, True):
+        with forward(ModelRunner(), should_time, None, 0, 1):
+            pass
+    with pytest.raises(RuntimeError, match="encoder failed"):
+        with forward(ModelRunner(), False, None, 1, 1):
+            raise RuntimeError("encoder failed")  # vLLM's own error inside the block
+    assert len(WORKER.drain()[stages.VIT_FORWARD]) == 3 and state.enabled
+    tracing.configure("chrome", str(tmp_path))
+    with forward(ModelRunner(), False, None, 0, 1):
+        pass
+    tracing.flush()
+    assert [r.name for r in tk.load(tmp_path)[0]] == [stages.VIT_FORWARD]
+
+
 def test_a_full_stage_counts_drops_instead_of_growing():
     from mmscope.stage_timing import MAX_PER_STAGE
 

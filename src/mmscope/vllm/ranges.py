@@ -170,7 +170,14 @@ def encoder_forward_ranged(original, state: HookState):
     def wrapper(*args, **kwargs):
         cm = original(*args, **kwargs)
         return _RangedCM(stages.VIT_FORWARD, cm, WORKER) if state.enabled else cm
-    return wrapper
+
+    # In C (RANGED_CM), which names the block by the call's first argument: here should_time,
+    # and either value names vit_forward.
+    names = {True: stages.VIT_FORWARD, False: stages.VIT_FORWARD}
+    native = native_wrapper(original, WORKER.record, state, "RANGED_CM", name=names, slow=wrapper,
+                            switch=tracing, store=WORKER.durations,
+                            limit=MAX_PER_STAGE) if STAGE_METRICS else None
+    return native or wrapper
 
 
 def timed_method(original, name: str, state: HookState | None = None):
