@@ -4,7 +4,7 @@ between batches (uninstrument/instrument), so every configuration runs on the sa
 and memory, interleaved (DESIGN §8).
 
 Run: .venv/bin/python bench/plugin_overhead.py [--rounds 12] [--requests 48] [--max-tokens 16]
-     [--by-feature] [--mechanics] [--runs N]
+     [--by-feature] [--mechanics] [--aa] [--runs N] [--raw FILE]
 """
 from __future__ import annotations
 
@@ -25,13 +25,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MECHANICS = "observers"  # as "feature left out": every hook applied, every observer switched off
 
 
-def configurations(by_feature: bool, mechanics: bool = False) -> dict[str, tuple[str | None, str]]:
+def configurations(by_feature: bool, mechanics: bool = False,
+                   aa: bool = False) -> dict[str, tuple[str | None, str]]:
     """name -> (feature left out, or None for all hooks / "all" for none; tracing spec)."""
     configs = {"without mmscope": ("all", "off"),
                "mmscope, tracing off": (None, "off"),
                "mmscope, every range (chrome)": (None, "chrome")}
     if mechanics:
         configs["hooks applied, observers off"] = (MECHANICS, "off")
+    if aa:  # the bare engine against itself: how far a ratio moves with nothing to measure
+        configs["without mmscope, again (A/A)"] = ("all", "off")
     if by_feature:
         for feature in ("accounting", "metrics", "ranges", "telemetry"):
             configs[f"tracing off, without {feature}"] = (feature, "off")
@@ -69,6 +72,8 @@ def main() -> None:
     ap.add_argument("--mechanics", action="store_true",
                     help="also time every hook applied with its observer switched off (what the "
                          "wrappers cost by themselves)")
+    ap.add_argument("--aa", action="store_true",
+                    help="also time the bare engine a second time: the A/A row is the noise floor")
     ap.add_argument("--runs", type=int, default=1,
                     help="engine processes, one after another (each has its own memory layout, "
                          "which moves a ratio by more than its rounds' noise)")
@@ -89,7 +94,7 @@ def main() -> None:
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     # Half the images repeat earlier ones: hits and misses both exercised. Fresh images per
     # round so each round computes the same encoder work.
-    configs = configurations(args.by_feature, args.mechanics)
+    configs = configurations(args.by_feature, args.mechanics, args.aa)
     instrumentor = get_instrumentor()
     times: dict[str, list[float]] = {name: [] for name in configs}
     cpu: dict[str, list[float]] = {name: [] for name in configs}
@@ -132,6 +137,7 @@ def several_runs(args) -> None:
                    "--json", out]
             cmd += ["--by-feature"] if args.by_feature else []
             cmd += ["--mechanics"] if args.mechanics else []
+            cmd += ["--aa"] if args.aa else []
             print(f"run {k + 1}/{args.runs}", file=sys.stderr)
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             with open(out) as f:
