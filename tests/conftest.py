@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -9,6 +10,21 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+
+@pytest.fixture(params=["c", "python"])
+def wrapper_road(request, monkeypatch):
+    """mmscope's C wrappers, then its Python ones (patching._native None): they must behave alike.
+    On Linux a missing C build fails the test; elsewhere the extension is optional."""
+    from mmscope.vllm import patching
+
+    if request.param == "python":
+        monkeypatch.setattr(patching, "_native", None)
+    elif patching._native is None:
+        if sys.platform.startswith("linux"):
+            pytest.fail("mmscope.vllm._wrappers is not built (pip install -e . builds it)")
+        pytest.skip("the C wrappers are optional off Linux")
+    return request.param
 
 
 @pytest.fixture(scope="session")

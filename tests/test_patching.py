@@ -14,19 +14,11 @@ from mmscope.vllm import patching
 from mmscope.vllm.patching import (APPLIED, MISMATCH, MISSING, RESULT, Hook, all_clear, any_set,
                                    every, observe_after, observe_around, observe_before)
 
-ON_LINUX = sys.platform.startswith("linux")
 
-
-@pytest.fixture(autouse=True, params=["c", "python"])
-def wrappers(request, monkeypatch):
+@pytest.fixture(autouse=True)
+def wrappers(wrapper_road):
     """Every test runs with the C wrappers and with the Python ones: they must behave alike."""
-    if request.param == "python":
-        monkeypatch.setattr(patching, "_native", None)
-    elif patching._native is None:
-        if ON_LINUX:
-            pytest.fail("mmscope.vllm._wrappers is not built (pip install -e . builds it)")
-        pytest.skip("the C wrappers are optional off Linux")
-    return request.param
+    return wrapper_road
 
 
 class Target:

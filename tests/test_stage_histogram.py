@@ -2,28 +2,11 @@
 from __future__ import annotations
 
 import random
-import sys
 
 import pytest
-
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from mmscope.vllm import patching
 from mmscope.vllm import stat_loggers as sl
-
-ON_LINUX = sys.platform.startswith("linux")
-
-
-@pytest.fixture(params=["c", "python"])
-def batch_path(request, monkeypatch):
-    """observe_many's C path (observe_batch) and its Python one must give the same exposition."""
-    if request.param == "python":
-        monkeypatch.setattr(patching, "_native", None)
-    elif patching._native is None:
-        if ON_LINUX:
-            pytest.fail("mmscope.vllm._wrappers is not built (pip install -e . builds it)")
-        pytest.skip("the C wrappers are optional off Linux")
-    return request.param
 
 
 def _exposition(registry) -> list[str]:
@@ -46,7 +29,7 @@ def _durations(n: int, seed: int) -> list[int]:
             for _ in range(n)]
 
 
-def test_bucket_counts_equal_observe_for_small_and_large_batches(batch_path):
+def test_bucket_counts_equal_observe_for_small_and_large_batches(wrapper_road):
     for n in (1, 3, 15, 16, 500):
         ref_registry, ref = _histogram()
         registry, child = _histogram()
@@ -60,7 +43,7 @@ def test_bucket_counts_equal_observe_for_small_and_large_batches(batch_path):
         assert abs(total - sum(values) / 1e9) <= 1e-9 * max(1.0, total)
 
 
-def test_values_of_another_class_are_added_through_their_inc(batch_path):
+def test_values_of_another_class_are_added_through_their_inc(wrapper_road):
     # The multiprocess value class (MmapedValue) is not updated in place: its inc() writes a file.
     class FileValue:
         def __init__(self):

@@ -15,16 +15,10 @@ from mmscope.vllm import patching, ranges
 from tests import trace_kit as tk
 
 
-@pytest.fixture(autouse=True, params=["c", "python"])
-def wrappers(request, monkeypatch):
-    if request.param == "python":
-        monkeypatch.setattr(patching, "_native", None)
-    elif patching._native is None:
-        if sys.platform.startswith("linux"):
-            pytest.fail("mmscope.vllm._wrappers is not built (pip install -e . builds it)")
-        pytest.skip("the C wrappers are optional off Linux")
+@pytest.fixture(autouse=True)
+def wrappers(wrapper_road):
     WORKER.drain(), FRONTEND.drain()
-    yield request.param
+    yield wrapper_road
     WORKER.drain(), FRONTEND.drain()
     tracing.configure("off")
 
