@@ -152,7 +152,8 @@ def several_runs(args) -> None:
         ratio = {n: [paired(r[clock][n], r[clock][base]) for r in runs] for n in names}
         print(f"{what}: per run, median of per-round ratios to the bare run:")
         for n in names[1:]:
-            print(f"  {n:36} " + "  ".join(f"{statistics.median(x) * 100:+5.1f}%" for x in ratio[n]))
+            medians = (statistics.median(x) * 100 for x in ratio[n])
+            print(f"  {n:36} " + "  ".join(f"{m:+5.1f}%" for m in medians))
         print(f"{what}: all {args.runs} runs pooled ({args.runs} x {args.rounds} rounds, each a "
               f"batch of {args.requests} image requests, {args.max_tokens} tokens each):")
         for n in names[1:]:

@@ -146,7 +146,8 @@ def test_ledger_matches_reference_model(steps):
         assert s.queries == s.hits + s.misses
         assert sum(s.hits_by_source.values()) == s.hits
         total.update(s.to_wire())
-    assert (total["queries"], total["hits"], total["misses"], total["deferrals"]) == reference(steps)
+    counted = (total["queries"], total["hits"], total["misses"], total["deferrals"])
+    assert counted == reference(steps)
 
 
 def test_no_news_until_something_changes():

@@ -792,12 +792,6 @@ static int value_add(PyObject *value, PyObject *amount, PyObject *mutex_type) {
     return rc;
 }
 
-/* observe_batch(durations_ns, thresholds_ns, buckets, total, mutex_type): Histogram.observe for
- * a batch of integer durations (stat_loggers.observe_many's fast path): the count per bucket by
- * bisect_left over the ascending thresholds, one add per bucket touched, one to the sum (in
- * seconds). Emission runs every second with cold caches; in Python it cost tens of us a stage. */
-#define MAX_BUCKETS 64
-
 /* An int as a long long, saturated (the last threshold is 2**63, "+Inf" in nanoseconds). */
 static int clamped_ll(PyObject *v, long long *out) {
     int overflow;
@@ -806,6 +800,12 @@ static int clamped_ll(PyObject *v, long long *out) {
         *out = overflow > 0 ? LLONG_MAX : LLONG_MIN;
     return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
+
+/* observe_batch(durations_ns, thresholds_ns, buckets, total, mutex_type): Histogram.observe for
+ * a batch of integer durations (stat_loggers.observe_many's fast path): the count per bucket by
+ * bisect_left over the ascending thresholds, one add per bucket touched, one to the sum (in
+ * seconds). Emission runs every second with cold caches; in Python it cost tens of us a stage. */
+#define MAX_BUCKETS 64
 static PyObject *observe_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 5 || !PyList_Check(args[0]) || !PyTuple_Check(args[1]) ||
