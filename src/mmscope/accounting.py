@@ -84,12 +84,9 @@ class EncoderCacheLedger:
     def propose(self, item: Item, decision: Decision) -> None:
         self._proposals.setdefault(item.request_id, []).append((item, decision))
 
-    def restart_request(self, request_id: str) -> None:
-        """The scheduler looks at this request again in the same step: the last look counts."""
-        self._proposals.pop(request_id, None)
-
     def set_proposals(self, request_id: str, proposals: list[tuple[Item, Decision]] | None) -> None:
-        """One look at a request, whole: restart_request, then propose each (item, decision)."""
+        """One look at a request, whole. The scheduler may look at a request again in the same
+        step; the last look counts, so this replaces (or, with none, withdraws) an earlier one."""
         if proposals:
             self._proposals[request_id] = proposals
         else:
