@@ -30,8 +30,9 @@ def main():
     batch = [prompt([image(1)]), prompt([image(2), image(1)], "Two?"), prompt([], "Text only")]
     outs = llm.generate(batch, sp, use_tqdm=False)
     if sys.argv[2:] == ["break"]:
+        from mmscope.vllm.encoder_cache import LEDGER
         sched = llm.llm_engine.engine_core.engine_core.scheduler
-        sched.encoder_cache_manager._mmscope_ledger = Sabotaged()
+        setattr(sched.encoder_cache_manager, LEDGER, Sabotaged())
     outs += llm.generate(batch + [prompt([image(3)], "New?")], sp, use_tqdm=False)
     from mmscope.vllm.instrumentor import get_instrumentor
     print("RESULT " + json.dumps({

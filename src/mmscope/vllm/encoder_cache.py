@@ -41,15 +41,19 @@ def _sink(log_probe: bool, log_access):
     return _log_probe if log_probe else None
 
 
+LEDGER = "_mmscope_ledger"  # the attribute of vLLM's EncoderCacheManager that holds our ledger
+
+
 def ledger_of(manager) -> EncoderCacheLedger:
-    """The ledger lives on vLLM's EncoderCacheManager: one per scheduler, created on first use."""
-    ledger = manager.__dict__.get("_mmscope_ledger")
+    """The ledger lives on vLLM's EncoderCacheManager: one per scheduler, created on first use.
+    (Per-request observers read manager.__dict__[LEDGER] first, inline: one frame less.)"""
+    ledger = manager.__dict__.get(LEDGER)
     if ledger is None:
         log_access = access_log.writer()
         if log_access is not None:
             log_access.capacity(manager.cache_size)
-        ledger = manager._mmscope_ledger = EncoderCacheLedger(
-            probe=_sink(probe_enabled(), log_access))
+        ledger = EncoderCacheLedger(probe=_sink(probe_enabled(), log_access))
+        setattr(manager, LEDGER, ledger)
         ledger.access_log = log_access
     return ledger
 
@@ -123,7 +127,7 @@ def end_probe(result, scheduler, request, *args, **kwargs) -> None:
     if local_hits or deferred:
         probe.local_hits, probe.deferred = [], []
     manager = scheduler.encoder_cache_manager
-    ledger = manager.__dict__.get("_mmscope_ledger") or ledger_of(manager)
+    ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
     if result is None:  # vLLM raised; nothing was decided
         ledger.set_proposals(request.request_id, None)
         return
@@ -166,7 +170,7 @@ def saw_can_allocate(result, manager, request, input_id, *args, **kwargs) -> Non
 
 
 def saw_free(manager, request, *args, **kwargs) -> None:
-    ledger = manager.__dict__.get("_mmscope_ledger") or ledger_of(manager)  # once per request
+    ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
     ledger.forget(request.request_id)
     if ledger.access_log is not None:
         ledger.access_log.freed(request.request_id)
@@ -221,7 +225,7 @@ def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=
     sent = getattr(model_runner_output, "_mmscope_stage_durations", None)  # another process'
     if sent:
         merge(sd.setdefault("_mmscope_stage_durations", {}), sent)
-    ledger = scheduler.encoder_cache_manager.__dict__.get("_mmscope_ledger")
+    ledger = scheduler.encoder_cache_manager.__dict__.get(LEDGER)
     news = ledger is not None and ledger.has_news
     stages = WORKER.pending or sd.get("_mmscope_stage_durations")
     if not (news or stages) or (sent and not _send_due(scheduler)):
