@@ -149,46 +149,6 @@ def test_an_interrupt_inside_an_observer_is_not_swallowed():
         h.revert()
 
 
-def test_the_probe_gate_opens_only_for_requests_with_items_ahead():
-    from mmscope.vllm.encoder_cache import PROBE, items_ahead, probe_gate
-
-    class Scheduler:
-        def try_schedule(self, request, num_computed_tokens, num_new_tokens, budget, shift=0):
-            during.append(PROBE.request is request)
-            if num_new_tokens < 0:
-                raise ValueError("vLLM's own error")
-            return "original"
-
-    during, looked = [], []
-    state = patching.HookState("test.gate")
-    gate = probe_gate(lambda result, sched, request, computed, *a, **k:
-                      looked.append((result, computed, k, PROBE.request)))(Scheduler.try_schedule,
-                                                                           state)
-    item = lambda offset, length: NS(mm_position=NS(offset=offset, length=length))  # noqa: E731
-    requests = [NS(mm_features=None), NS(mm_features=[]),
-                NS(mm_features=[item(0, 4), item(10, 5)])]
-    for request in requests:
-        for computed in (0, 9, 14, 15, 40):
-            assert gate(Scheduler(), request, computed, 1, 100, shift=2) == "original"
-            assert during.pop() == items_ahead(request, computed), (request, computed)
-    # The observer runs after vLLM's call, for the requests with items ahead only, with the
-    # probe closed again.
-    assert looked == [("original", c, {"shift": 2}, None) for c in (0, 9, 14)]
-    # vLLM's exception passes through; the observer still runs (result None) to reset the probe.
-    with pytest.raises(ValueError, match="vLLM's own error"):
-        gate(Scheduler(), requests[2], 0, -1, 100)
-    assert looked[-1] == (None, 0, {}, None) and PROBE.request is None and state.enabled
-    # Called with keywords (not vLLM's way), the Python twin decides, alike.
-    assert gate(Scheduler(), request=requests[2], num_computed_tokens=0, num_new_tokens=1,
-                budget=1) == "original"
-    assert during.pop() and looked[-1][0] == "original"
-    # A request the check cannot read turns the hook off; vLLM's call still goes through.
-    assert gate(Scheduler(), NS(mm_features=[NS()]), 0, 1, 100) == "original"
-    assert not state.enabled and "AttributeError" in state.error
-    assert gate(Scheduler(), requests[2], 0, 1, 100) == "original"  # off: vLLM's road only
-    assert during.pop() is False
-
-
 class Owner:
     def step(self, stats, flag=None):
         return NS(work=stats.work, evicted=[])
@@ -214,6 +174,31 @@ def test_the_when_guard_calls_the_observer_only_when_a_clause_holds():
         idle.step(NS(tag="dry", work=0))  # every listed attribute empty
         Owner.step(busy, stats=NS(tag="keyword", work=0))  # fewer positionals: observer decides
         assert calls == ["work", "news", "dry", "keyword"]
+    finally:
+        h.revert()
+
+
+def test_a_clause_reads_the_attributes_of_an_attribute_with_via(wrapper_road):
+    calls = []
+    when = (any_set(0, "pending", via="ledger"), all_clear(1, "queued", via="queue"))
+    h = Hook("test.guard_via", f"{__name__}:Owner.step", ("self", "stats"),
+             observe_after(lambda result, owner, stats, *a, **k: calls.append(stats.tag), when),
+             "test", "test")
+    h.apply()
+    try:
+        owner = Owner()
+        owner.ledger = NS(pending={})
+        busy = NS(work=0, queue=NS(queued=[1]))
+        owner.step(NS(**vars(busy), tag="quiet"))  # owner.ledger.pending empty, stats.queue.queued not
+        owner.ledger.pending["r"] = 1
+        owner.step(NS(**vars(busy), tag="pending"))  # the same dict, now truthy: read in place
+        owner.ledger.pending.clear()
+        owner.step(NS(**vars(busy), tag="quiet again"))
+        owner.step(NS(work=0, queue=NS(queued=[]), tag="drained"))  # via's attributes all clear
+        owner.step(NS(work=0, tag="no queue"))  # via missing: each of its attributes is clear
+        del owner.ledger
+        owner.step(NS(**vars(busy), tag="no ledger"))  # any_set over a missing via: false
+        assert calls == ["pending", "drained", "no queue"]
     finally:
         h.revert()
 

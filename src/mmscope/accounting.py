@@ -18,6 +18,9 @@ class Decision(enum.Enum):
     CONNECTOR = "connector"  # the EC connector holds it and will load it
     COMPUTE = "compute"  # the encoder will run for it
     DEFERRED = "deferred"  # no encoder budget or cache space this step
+    # Cache space reserved with an EC connector present: the step's computed items are misses,
+    # the others the connector loads (the scheduler reserves space for both alike).
+    ALLOCATED = "allocated"
 
 
 class Item(NamedTuple):
@@ -75,22 +78,30 @@ class EncoderCacheLedger:
         self.probe = probe
         self.access_log = None  # an access_log.AccessLogWriter, set by the engine adapter
         self._stats = EncoderCacheStats()
-        self._proposals: dict[str, list[tuple[Item, Decision]]] = {}
+        # request id -> item index -> (item, decision): this step's tentative decisions. One dict
+        # for the ledger's life: the engine adapter's commit guard tests its truth in place.
+        self._proposals: dict[str, dict[int, tuple[Item, Decision]]] = {}
         self._committed: dict[str, set[int]] = defaultdict(set)
         self._keys_allocated_this_step: set[str] = set()
         self._drained_occupancy: tuple[int | None, int | None] = (None, None)
 
     # --- within a step ------------------------------------------------------------------------
-    def propose(self, item: Item, decision: Decision) -> None:
-        self._proposals.setdefault(item.request_id, []).append((item, decision))
+    @property
+    def proposals(self) -> dict:
+        """This step's tentative decisions; truthy when a commit is due."""
+        return self._proposals
 
-    def set_proposals(self, request_id: str, proposals: list[tuple[Item, Decision]] | None) -> None:
-        """One look at a request, whole. The scheduler may look at a request again in the same
-        step; the last look counts, so this replaces (or, with none, withdraws) an earlier one."""
-        if proposals:
-            self._proposals[request_id] = proposals
-        else:
-            self._proposals.pop(request_id, None)
+    def propose(self, item: Item, decision: Decision) -> None:
+        """A tentative decision for one item, replacing an earlier one for it in this step, except
+        that nothing replaces DUPLICATE: the scheduler checks a duplicate against the cache once
+        more when it reserves space for its first copy, and that check is no hit of its own."""
+        looked = self._proposals.get(item.request_id)
+        if looked is None:
+            self._proposals[item.request_id] = {item.index: (item, decision)}
+            return
+        earlier = looked.get(item.index)
+        if earlier is None or earlier[1] is not Decision.DUPLICATE:
+            looked[item.index] = (item, decision)
 
     def allocated(self, key: str) -> None:
         """A scheduled request reserved cache space for `key` (computed or loaded) in this step."""
@@ -110,14 +121,15 @@ class EncoderCacheLedger:
     # --- end of a step ------------------------------------------------------------------------
     def commit_step(self, scheduled: set[str] | dict, computed: dict[str, list[int]]) -> None:
         """`scheduled`: the step's scheduled request ids; `computed`: items the encoder runs."""
-        proposals, self._proposals = self._proposals, {}
         step_keys, self._keys_allocated_this_step = self._keys_allocated_this_step, set()
-        for request_id, decisions in proposals.items():
+        for request_id, looked in self._proposals.items():
+            decisions = [looked[i] for i in sorted(looked)] if len(looked) > 1 else looked.values()
             if request_id in scheduled:
                 self._commit_request(request_id, decisions, set(computed.get(request_id, ())),
                                      step_keys)
             else:
                 self._count_deferrals(decisions)
+        self._proposals.clear()
 
     def _commit_request(self, request_id, decisions, computed: set[int], step_keys) -> None:
         done = self._committed[request_id]
@@ -127,11 +139,15 @@ class EncoderCacheLedger:
                 self._defer(item)
             elif item.index in done:
                 continue  # chunked prefill visits the item again: counted once
-            elif decision is Decision.COMPUTE:
+            elif decision is Decision.COMPUTE or decision is Decision.ALLOCATED:
                 if item.index in computed:  # a miss only once the encoder is really scheduled
                     self._count(item, None)
-                    done.add(item.index)
-                    committed_any = True
+                elif decision is Decision.ALLOCATED:  # reserved, not computed: loaded
+                    self._count(item, Decision.CONNECTOR.value)
+                else:
+                    continue
+                done.add(item.index)
+                committed_any = True
             else:
                 # A resident hit on what another request of this step computes or loads: in_step.
                 if decision is Decision.LOCAL_HIT and item.key in step_keys:

@@ -18,10 +18,6 @@
 #endif
 
 /* AFTER/BEFORE: observe(result, *args) after, or observe(*args) before, the original.
- * PROBE: the encoder-cache probe around _try_schedule_encoder_inputs. For a request with items
- *   still ahead, `probe.request` names it while the original runs (the cache manager's observers
- *   read it), then observe(result, *args), with result None when vLLM raised; other requests run
- *   the original bare, and an unusual call shape (keywords) takes `slow`, the Python twin.
  * TIMED: the original timed whole, then observe(name, ns) (a stage collector's record).
  * TIMED_BY_ITEM: TIMED for MultiModalHasher.hash_kwargs(cls, algorithm, **kwargs), named by the
  *   type of the one keyword argument not in `not_items` (name: dict type -> range name); any other
@@ -32,14 +28,14 @@
  * factory (`switch._span_factory`); RANGED_CM hands a stage not yet in `names` to `slow` (the
  * Python wrapper, which names it). */
 enum {
-    MODE_AFTER = 0, MODE_BEFORE = 1, MODE_PROBE = 2, MODE_TIMED = 3, MODE_RANGED_CM = 4,
-    MODE_TIMED_BY_ITEM = 5
+    MODE_AFTER = 0, MODE_BEFORE = 1, MODE_TIMED = 2, MODE_RANGED_CM = 3, MODE_TIMED_BY_ITEM = 4
 };
 
 /* One clause of a hook's `when` guard (patching.py documents the forms): the observer runs when
  * any clause holds, so quiet steps cost no Python call at all. */
 typedef struct {
     int source;       /* -1: the result; i >= 0: the i-th positional argument */
+    PyObject *via;    /* read the attributes of source.via instead; NULL: of source itself */
     PyObject *attrs;  /* tuple of interned attribute names; NULL for a timer clause */
     int want_any;     /* 1: some attribute truthy; 0: every attribute falsy (or missing) */
     double every;     /* a timer clause: at least this many seconds since it last held */
@@ -50,7 +46,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *original;
-    PyObject *observe; /* AFTER, PROBE: observe(result, *args); BEFORE: observe(*args) */
+    PyObject *observe; /* AFTER: observe(result, *args); BEFORE: observe(*args) */
     PyObject *state;   /* HookState: .enabled, .failed(exc) */
     PyObject *dict;    /* functools.wraps writes __name__, __wrapped__, ... here */
     int mode;
@@ -58,9 +54,7 @@ typedef struct {
     Clause *clauses;
     PyObject *name;   /* TIMED: the stage name; RANGED_CM: dict vLLM stage -> range name;
                          TIMED_BY_ITEM: dict item type -> range name */
-    PyObject *slow;   /* RANGED_CM: the Python wrapper, for a stage not yet named; PROBE: the
-                         Python twin, for an unusual call shape */
-    PyObject *probe;  /* PROBE: the object whose `request` names the request being probed */
+    PyObject *slow;   /* RANGED_CM, TIMED_BY_ITEM: the Python wrapper, for a call C cannot name */
     PyObject *not_items; /* TIMED_BY_ITEM: a frozenset of keyword names that are not items */
     PyObject *switch_;/* an object whose `on` says whether tracing is on */
     PyObject *store;  /* TIMED, RANGED_CM: the collector's live dict stage -> [ns]; optional */
@@ -79,8 +73,7 @@ typedef struct {
 } TimedCM;
 
 static PyObject *s_on, *s_enter, *s_exit, *s_span_factory;
-static PyObject *s_enabled, *s_failed, *s_mm_features, *s_mm_position, *s_offset, *s_length,
-    *s_request, *s_inc, *s_lock, *s_value, *s_acquire, *s_release;
+static PyObject *s_enabled, *s_failed, *s_inc, *s_lock, *s_value, *s_acquire, *s_release;
 
 static int state_enabled(Wrapper *w) {
     PyObject *v = PyObject_GetAttr(w->state, s_enabled);
@@ -158,12 +151,28 @@ static int guard_passes(Wrapper *w, PyObject *result, PyObject *const *args, Py_
         PyObject *obj = c->source < 0 ? result : (c->source < nargs ? args[c->source] : NULL);
         if (obj == NULL)
             return 1; /* called in an unusual way: the observer decides */
+        PyObject *owner = NULL; /* source.via, while read */
+        if (c->via != NULL) {
+            int found = _PyObject_LookupAttr(obj, c->via, &owner);
+            if (found < 0) {
+                PyErr_Clear();
+                return 1;
+            }
+            if (found == 0) { /* no such object: each of its attributes counts as missing */
+                if (!c->want_any)
+                    return 1;
+                continue;
+            }
+            obj = owner;
+        }
         Py_ssize_t n = PyTuple_GET_SIZE(c->attrs);
         int holds = !c->want_any;
         for (Py_ssize_t k = 0; k < n; k++) {
             int t = attr_truth(obj, PyTuple_GET_ITEM(c->attrs, k));
-            if (t < 0)
-                return 1;
+            if (t < 0) {
+                holds = 1;
+                break;
+            }
             if (c->want_any && t) {
                 holds = 1;
                 break;
@@ -173,6 +182,7 @@ static int guard_passes(Wrapper *w, PyObject *result, PyObject *const *args, Py_
                 break;
             }
         }
+        Py_XDECREF(owner);
         if (holds)
             return 1;
     }
@@ -180,14 +190,16 @@ static int guard_passes(Wrapper *w, PyObject *result, PyObject *const *args, Py_
 }
 
 static void free_clauses(Wrapper *w) {
-    for (Py_ssize_t i = 0; i < w->nclauses; i++)
+    for (Py_ssize_t i = 0; i < w->nclauses; i++) {
         Py_CLEAR(w->clauses[i].attrs);
+        Py_CLEAR(w->clauses[i].via);
+    }
     PyMem_Free(w->clauses);
     w->clauses = NULL;
     w->nclauses = 0;
 }
 
-/* `when`: a tuple of clauses, each (source, (attr, ...), want_any) or (seconds,). */
+/* `when`: a tuple of clauses, each (source, (attr, ...), want_any[, via]) or (seconds,). */
 static int parse_clauses(Wrapper *w, PyObject *when) {
     if (when == NULL || when == Py_None)
         return 0;
@@ -212,12 +224,17 @@ static int parse_clauses(Wrapper *w, PyObject *when) {
                 return -1;
             continue;
         }
-        PyObject *attrs;
+        PyObject *attrs, *via = Py_None;
         int source, want_any;
-        if (!PyTuple_Check(c) || !PyArg_ParseTuple(c, "iO!p", &source, &PyTuple_Type, &attrs,
-                                                   &want_any)) {
+        if (!PyTuple_Check(c) || !PyArg_ParseTuple(c, "iO!p|O", &source, &PyTuple_Type, &attrs,
+                                                   &want_any, &via)) {
             if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "a clause is (source, attrs, want_any) or (seconds,)");
+                PyErr_SetString(PyExc_TypeError,
+                                "a clause is (source, attrs, want_any[, via]) or (seconds,)");
+            return -1;
+        }
+        if (via != Py_None && !PyUnicode_Check(via)) {
+            PyErr_SetString(PyExc_TypeError, "via must be an attribute name or None");
             return -1;
         }
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attrs); k++) {
@@ -228,6 +245,10 @@ static int parse_clauses(Wrapper *w, PyObject *when) {
         }
         Py_INCREF(attrs);
         out->attrs = attrs;
+        if (via != Py_None) {
+            Py_INCREF(via);
+            out->via = via;
+        }
         out->source = source;
         out->want_any = want_any;
     }
@@ -253,41 +274,6 @@ static PyObject *call_observer(Wrapper *w, PyObject *first, PyObject *const *arg
         PyMem_Free(buf);
     return r;
 }
-
-/* vLLM's _try_schedule_encoder_inputs(self, request, num_computed_tokens, ...): whether some
- * multimodal item of the request lies at or after the computed tokens (encoder_cache.items_ahead). */
-static int items_ahead(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int *ahead) {
-    *ahead = 0;
-    if (nargs < 3) /* called with keywords: not vLLM's way; the Python gate would handle it */
-        return kwnames ? 1 : 0;
-    PyObject *features = PyObject_GetAttr(args[1], s_mm_features);
-    if (features == NULL)
-        return -1;
-    int rc = 0;
-    Py_ssize_t n = features == Py_None ? 0 : PyObject_Length(features);
-    if (n < 0) {
-        rc = -1;
-    } else if (n > 0) {
-        PyObject *last = PySequence_GetItem(features, n - 1);
-        PyObject *pos = last ? PyObject_GetAttr(last, s_mm_position) : NULL;
-        PyObject *offset = pos ? PyObject_GetAttr(pos, s_offset) : NULL;
-        PyObject *length = offset ? PyObject_GetAttr(pos, s_length) : NULL;
-        PyObject *end = length ? PyNumber_Add(offset, length) : NULL;
-        int lt = end ? PyObject_RichCompareBool(args[2], end, Py_LT) : -1;
-        if (lt < 0)
-            rc = -1;
-        else
-            *ahead = lt;
-        Py_XDECREF(end);
-        Py_XDECREF(length);
-        Py_XDECREF(offset);
-        Py_XDECREF(pos);
-        Py_XDECREF(last);
-    }
-    Py_DECREF(features);
-    return rc;
-}
-
 
 static long long now_ns(void) {
     struct timespec ts;
@@ -541,45 +527,6 @@ static PyTypeObject TimedCMType = {
     .tp_methods = timedcm_methods,
 };
 
-/* `probe.request = request` around vLLM's call, then the observer; vLLM's exception, if it
- * raised, stays the one raised (after the observer has reset the probe's per-call state). */
-static PyObject *probe_call(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    int ahead = 0;
-    if (state_enabled(w)) {
-        int rc = items_ahead(args, PyVectorcall_NARGS(nargsf), kwnames, &ahead);
-        if (rc > 0)
-            return PyObject_Vectorcall(w->slow, args, nargsf, kwnames);
-        if (rc < 0 && our_error(w) < 0)
-            return NULL;
-    }
-    if (ahead && PyObject_SetAttr(w->probe, s_request, args[1]) < 0) {
-        if (our_error(w) < 0)
-            return NULL;
-        ahead = 0;
-    }
-    if (!ahead)
-        return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
-    PyObject *result = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    int failed = PyObject_SetAttr(w->probe, s_request, Py_None) < 0;
-    if (!failed && state_enabled(w)) {
-        PyObject *r = call_observer(w, result ? result : Py_None, args, nargsf, kwnames);
-        failed = r == NULL;
-        Py_XDECREF(r);
-    }
-    if (failed && our_error(w) < 0) {
-        if (type == NULL) { /* an interrupt in our code, vLLM's call went through */
-            Py_XDECREF(result);
-            return NULL;
-        }
-        PyErr_Clear(); /* vLLM raised too: its exception wins */
-    }
-    if (type != NULL)
-        PyErr_Restore(type, value, tb);
-    return result;
-}
-
 static PyObject *wrapper_call(PyObject *self, PyObject *const *args, size_t nargsf,
                               PyObject *kwnames) {
     Wrapper *w = (Wrapper *)self;
@@ -602,16 +549,14 @@ static PyObject *wrapper_call(PyObject *self, PyObject *const *args, size_t narg
         Py_XDECREF(r);
         return result;
     }
-    if (w->mode == MODE_BEFORE) {
-        if (guard_passes(w, NULL, args, PyVectorcall_NARGS(nargsf)) && state_enabled(w)) {
-            PyObject *r = call_observer(w, NULL, args, nargsf, kwnames);
-            if (r == NULL && our_error(w) < 0)
-                return NULL;
-            Py_XDECREF(r);
-        }
-        return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+    /* MODE_BEFORE */
+    if (guard_passes(w, NULL, args, PyVectorcall_NARGS(nargsf)) && state_enabled(w)) {
+        PyObject *r = call_observer(w, NULL, args, nargsf, kwnames);
+        if (r == NULL && our_error(w) < 0)
+            return NULL;
+        Py_XDECREF(r);
     }
-    return probe_call(w, args, nargsf, kwnames);
+    return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
 }
 
 static PyObject *wrapper_tp_call(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -636,7 +581,6 @@ static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
     Py_VISIT(w->dict);
     Py_VISIT(w->name);
     Py_VISIT(w->slow);
-    Py_VISIT(w->probe);
     Py_VISIT(w->not_items);
     Py_VISIT(w->switch_);
     Py_VISIT(w->store);
@@ -650,7 +594,6 @@ static int wrapper_clear(Wrapper *w) {
     Py_CLEAR(w->dict);
     Py_CLEAR(w->name);
     Py_CLEAR(w->slow);
-    Py_CLEAR(w->probe);
     Py_CLEAR(w->not_items);
     Py_CLEAR(w->switch_);
     Py_CLEAR(w->store);
@@ -666,14 +609,14 @@ static void wrapper_dealloc(Wrapper *w) {
 
 static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *original, *observe, *state, *when = NULL, *name = NULL, *slow = NULL,
-             *switch_ = NULL, *store = NULL, *probe = NULL, *not_items = NULL;
+             *switch_ = NULL, *store = NULL, *not_items = NULL;
     Py_ssize_t limit = PY_SSIZE_T_MAX;
     int mode;
     static char *kw[] = {"original", "observe", "state", "mode", "when", "name", "slow", "switch",
-                         "store", "limit", "probe", "not_items", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|OOOOO!nOO!", kw, &original, &observe,
+                         "store", "limit", "not_items", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|OOOOO!nO!", kw, &original, &observe,
                                      &state, &mode, &when, &name, &slow, &switch_, &PyDict_Type,
-                                     &store, &limit, &probe, &PyFrozenSet_Type, &not_items))
+                                     &store, &limit, &PyFrozenSet_Type, &not_items))
         return NULL;
     if (mode < MODE_AFTER || mode > MODE_TIMED_BY_ITEM) {
         PyErr_SetString(PyExc_ValueError, "unknown mode");
@@ -683,10 +626,6 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         (mode == MODE_RANGED_CM && (name == NULL || !PyDict_Check(name) || slow == NULL ||
                                     !PyCallable_Check(slow)))) {
         PyErr_SetString(PyExc_TypeError, "TIMED needs a name; RANGED_CM a dict of names and slow");
-        return NULL;
-    }
-    if (mode == MODE_PROBE && (probe == NULL || slow == NULL || !PyCallable_Check(slow))) {
-        PyErr_SetString(PyExc_TypeError, "PROBE needs a probe object and slow");
         return NULL;
     }
     if (mode == MODE_TIMED_BY_ITEM && (name == NULL || !PyDict_Check(name) || slow == NULL ||
@@ -713,8 +652,6 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     w->name = name;
     Py_XINCREF(slow);
     w->slow = slow;
-    Py_XINCREF(probe);
-    w->probe = probe;
     Py_XINCREF(not_items);
     w->not_items = not_items;
     w->switch_ = switch_ == Py_None ? NULL : switch_;
@@ -883,11 +820,6 @@ PyMODINIT_FUNC PyInit__wrappers(void) {
         return NULL;
     if (!(s_enabled = PyUnicode_InternFromString("enabled")) ||
         !(s_failed = PyUnicode_InternFromString("failed")) ||
-        !(s_mm_features = PyUnicode_InternFromString("mm_features")) ||
-        !(s_mm_position = PyUnicode_InternFromString("mm_position")) ||
-        !(s_offset = PyUnicode_InternFromString("offset")) ||
-        !(s_length = PyUnicode_InternFromString("length")) ||
-        !(s_request = PyUnicode_InternFromString("request")) ||
         !(s_inc = PyUnicode_InternFromString("inc")) ||
         !(s_lock = PyUnicode_InternFromString("_lock")) ||
         !(s_value = PyUnicode_InternFromString("_value")) ||
@@ -901,7 +833,6 @@ PyMODINIT_FUNC PyInit__wrappers(void) {
     if (PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0 ||
         PyModule_AddIntConstant(m, "AFTER", MODE_AFTER) < 0 ||
         PyModule_AddIntConstant(m, "BEFORE", MODE_BEFORE) < 0 ||
-        PyModule_AddIntConstant(m, "PROBE", MODE_PROBE) < 0 ||
         PyModule_AddIntConstant(m, "TIMED", MODE_TIMED) < 0 ||
         PyModule_AddIntConstant(m, "RANGED_CM", MODE_RANGED_CM) < 0 ||
         PyModule_AddIntConstant(m, "TIMED_BY_ITEM", MODE_TIMED_BY_ITEM) < 0) {

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 import time
 
 from mmscope import access_log
 from mmscope.accounting import Decision, EncoderCacheLedger, Item, probe_line
 from mmscope.stage_timing import WORKER, merge
-from mmscope.vllm.patching import HookState, logger, native_wrapper
+from mmscope.vllm.patching import logger
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
 # While the engine is busy, the counts and the worker's stage durations travel at most this often
@@ -42,6 +41,9 @@ def _sink(log_probe: bool, log_access):
 
 
 LEDGER = "_mmscope_ledger"  # the attribute of vLLM's EncoderCacheManager that holds our ledger
+# ...and the one that holds the ledger's pending proposals: schedule()'s guard (targets.py) reads
+# its truth in C, so a step that looked at no item runs no commit.
+PROPOSALS = "_mmscope_proposals"
 
 
 def ledger_of(manager) -> EncoderCacheLedger:
@@ -54,119 +56,36 @@ def ledger_of(manager) -> EncoderCacheLedger:
             log_access.capacity(manager.cache_size)
         ledger = EncoderCacheLedger(probe=_sink(probe_enabled(), log_access))
         setattr(manager, LEDGER, ledger)
+        setattr(manager, PROPOSALS, ledger.proposals)
         ledger.access_log = log_access
     return ledger
 
 
-class _Probe(threading.local):
-    """The request whose encoder inputs the scheduler is looking at right now, and what the
-    cache manager answered for it. Per thread, as each scheduler steps on one thread; the probe
-    wrapper sets `request` around vLLM's call (in C where built) and end_probe resets the rest."""
-
-    def __init__(self):
-        self.request = None
-        self.local_hits: list[int] = []
-        self.deferred: list[int] = []
-
-
-PROBE = _Probe()
-
-
-# --- Scheduler._try_schedule_encoder_inputs: one look at one request's items ------------------
-def items_ahead(request, num_computed_tokens) -> bool:
-    """Whether some multimodal item of the request is not yet behind the computed tokens."""
-    features = request.mm_features
-    if not features:
-        return False
-    last = features[-1].mm_position
-    return num_computed_tokens < last.offset + last.length
-
-
-def probe_gate(after):
-    """A wrapper factory for the probe, opened only for requests with items ahead: vLLM calls
-    this for every running request in every step, and for a request whose items are all behind
-    it (every decode step) the wrapper should cost one check, not the probe's bookkeeping. For the
-    others, PROBE.request names the request while vLLM's call runs, then `after(result, *args)`
-    (result None when vLLM raised, whose exception passes through). In C where the extension is
-    built (mode PROBE of _wrappers.c); the Python twin is the fallback and the reference."""
-
-    def factory(original, state: HookState):
-        @functools.wraps(original)
-        def wrapper(scheduler, request, num_computed_tokens, *args, **kwargs):
-            try:
-                ahead = state.enabled and items_ahead(request, num_computed_tokens)
-            except Exception as e:  # noqa: BLE001 - an unexpected request shape turns it off
-                state.failed(e)
-                ahead = False
-            if not ahead:
-                return original(scheduler, request, num_computed_tokens, *args, **kwargs)
-            PROBE.request = request
-            result = None
-            try:
-                result = original(scheduler, request, num_computed_tokens, *args, **kwargs)
-                return result
-            finally:
-                PROBE.request = None
-                if state.enabled:
-                    try:
-                        after(result, scheduler, request, num_computed_tokens, *args, **kwargs)
-                    except Exception as e:  # noqa: BLE001
-                        state.failed(e)
-
-        native = native_wrapper(original, after, state, "PROBE", slow=wrapper, probe=PROBE)
-        return native if native is not None else wrapper
-    return factory
-
-
-def end_probe(result, scheduler, request, *args, **kwargs) -> None:
-    """After one look (result None when vLLM raised): the look's tentative decisions become the
-    request's proposals for this step. Inline, with no helper frames: it runs for every request
-    that has items ahead, on the scheduler's cold path."""
-    probe = PROBE
-    local_hits, deferred = probe.local_hits, probe.deferred
-    if local_hits or deferred:
-        probe.local_hits, probe.deferred = [], []
-    manager = scheduler.encoder_cache_manager
-    ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
-    if result is None:  # vLLM raised; nothing was decided
-        ledger.set_proposals(request.request_id, None)
-        return
-    to_compute, _num_new_tokens, _budget, external_load, duplicates = result
-    if not (to_compute or external_load or duplicates or local_hits or deferred):
-        ledger.set_proposals(request.request_id, None)
-        return
-    scheduler._mmscope_proposed = True  # schedule()'s guard (targets.py): a commit is due
-    decisions = {}  # a later kind overrides an earlier one for the same item
-    for indices, decision in ((local_hits, Decision.LOCAL_HIT), (deferred, Decision.DEFERRED),
-                              (to_compute, Decision.COMPUTE), (external_load, Decision.CONNECTOR),
-                              (duplicates, Decision.DUPLICATE)):
-        for i in indices:
-            decisions[i] = decision
-    request_id, features = request.request_id, request.mm_features
-    proposals = []
-    for index in sorted(decisions):
-        feature = features[index]
-        # tuple.__new__: the NamedTuple's own __new__ would add a Python frame per item
-        item = _new_tuple(Item, (request_id, index, feature.modality, feature.identifier,
-                                 feature.mm_position.get_num_embeds()))
-        proposals.append((item, decisions[index]))
-    ledger.set_proposals(request_id, proposals)
+# --- EncoderCacheManager: the scheduler's look at each item in a request's token window --------
+# vLLM's Scheduler._try_schedule_encoder_inputs asks the cache manager about every item in the
+# window: check_and_update_cache (resident?), then can_allocate (room and budget?). Those calls
+# only happen for items ahead of the computed tokens, so decode steps cost nothing here; wrapping
+# the scheduler's method itself meant a check on every running request in every step.
+def _item(request, index: int) -> Item:
+    feature = request.mm_features[index]
+    # tuple.__new__: the NamedTuple's own __new__ would add a Python frame per item
+    return _new_tuple(Item, (request.request_id, index, feature.modality, feature.identifier,
+                             feature.mm_position.get_num_embeds()))
 
 
 _new_tuple = tuple.__new__
 
 
-# --- EncoderCacheManager: tentative answers while a probe is open ----------------------------
 def saw_cache_check(result, manager, request, input_id, *args, **kwargs) -> None:
-    probe = PROBE
-    if result and probe.request is request:  # not the duplicates' calls at allocation
-        probe.local_hits.append(input_id)
+    if result:  # resident: a local hit, unless the item is a duplicate (ledger.propose)
+        ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
+        ledger.propose(_item(request, input_id), Decision.LOCAL_HIT)
 
 
 def saw_can_allocate(result, manager, request, input_id, *args, **kwargs) -> None:
-    probe = PROBE
-    if not result and probe.request is request:
-        probe.deferred.append(input_id)
+    if not result:  # no room or budget: the scheduler stops before this item
+        ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
+        ledger.propose(_item(request, input_id), Decision.DEFERRED)
 
 
 def saw_free(manager, request, *args, **kwargs) -> None:
@@ -177,17 +96,25 @@ def saw_free(manager, request, *args, **kwargs) -> None:
 
 
 # --- Scheduler: commits and emission ----------------------------------------------------------
-def saw_allocation(scheduler, request, input_ids, *args, **kwargs) -> None:
-    scheduler._mmscope_proposed = True
+def saw_allocation(scheduler, request, input_ids, duplicate_input_ids=(), *args, **kwargs) -> None:
+    """A request the scheduler schedules: space for the items it computes or loads (input_ids),
+    and the later copies of an item it computes in this step (duplicate_input_ids)."""
     ledger = ledger_of(scheduler.encoder_cache_manager)
+    # Without a connector every reserved item is computed; with one, the step's computed items
+    # tell the two apart at the commit.
+    reserved = (Decision.COMPUTE if getattr(scheduler, "ec_connector", None) is None
+                else Decision.ALLOCATED)
     for input_id in input_ids:
-        ledger.allocated(request.mm_features[input_id].identifier)
+        item = _item(request, input_id)
+        ledger.allocated(item.key)
+        ledger.propose(item, reserved)
+    for input_id in duplicate_input_ids:
+        ledger.propose(_item(request, input_id), Decision.DUPLICATE)
 
 
 def saw_schedule(output, scheduler, *args, **kwargs) -> None:
     """The step's outcome commits the proposals. Runs only on steps that proposed, allocated,
     computed or evicted something (its guard in targets.py); decode-only steps skip it."""
-    scheduler._mmscope_proposed = False
     manager = scheduler.encoder_cache_manager
     ledger = ledger_of(manager)
     ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)

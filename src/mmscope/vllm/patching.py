@@ -159,14 +159,15 @@ if PY_ONLY:
 RESULT = -1  # a clause's source: the wrapped call's result; i >= 0: the i-th positional argument
 
 
-def any_set(source: int, *attrs: str) -> tuple:
-    """Some of source's attributes is truthy (a missing one counts as false)."""
-    return (source, attrs, True)
+def any_set(source: int, *attrs: str, via: str | None = None) -> tuple:
+    """Some of source's attributes (of `source.via`'s, with via) is truthy (a missing one counts
+    as false)."""
+    return (source, attrs, True, via)
 
 
-def all_clear(source: int, *attrs: str) -> tuple:
-    """None of source's attributes is truthy."""
-    return (source, attrs, False)
+def all_clear(source: int, *attrs: str, via: str | None = None) -> tuple:
+    """None of source's attributes (of `source.via`'s, with via) is truthy."""
+    return (source, attrs, False, via)
 
 
 def every(seconds: float) -> tuple:
@@ -183,11 +184,13 @@ def guard_passes(when: tuple, timers: list[float], result, args: tuple) -> bool:
                 timers[i] = now
                 return True
             continue
-        source, attrs, want_any = clause
+        source, attrs, want_any, via = clause
         if source >= len(args):
             return True  # an unusual call: the observer decides
         obj = result if source == RESULT else args[source]
         try:
+            if via is not None:
+                obj = getattr(obj, via, None)  # missing: so is each of its attributes
             truths = [bool(getattr(obj, a, None)) for a in attrs]
         except Exception:  # noqa: BLE001 - cannot tell: the observer decides
             return True
@@ -198,8 +201,8 @@ def guard_passes(when: tuple, timers: list[float], result, args: tuple) -> bool:
 
 def native_wrapper(original: Callable, observe: Callable, state: HookState,
                    mode: str, when: tuple = (), **extra) -> Callable | None:
-    """The C wrapper (a mode of _wrappers.c: AFTER, BEFORE, PROBE, TIMED, TIMED_BY_ITEM,
-    RANGED_CM; `extra` carries their name, slow, switch, store, limit, probe and not_items) where
+    """The C wrapper (a mode of _wrappers.c: AFTER, BEFORE, TIMED, TIMED_BY_ITEM,
+    RANGED_CM; `extra` carries their name, slow, switch, store, limit and not_items) where
     it is built, else None. It passes the caller's arguments through with vectorcall and binds
     like a function: a Python wrapper's frame costs microseconds in vLLM's step loop, where caches
     are cold after every forward."""

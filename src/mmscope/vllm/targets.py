@@ -22,9 +22,6 @@ RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 def accounting_hooks() -> list[Hook]:
     """EngineCore: the scheduler's encoder decisions (DESIGN §4)."""
     return [
-        Hook("scheduler.encoder_probe", f"{SCHED}._try_schedule_encoder_inputs",
-             ("self", "request", "num_computed_tokens", "num_new_tokens", "encoder_compute_budget"),
-             ec.probe_gate(ec.end_probe), "accounting", "EngineCore"),
         Hook("encoder_cache.local_hit", f"{ECM}.check_and_update_cache",
              ("self", "request", "input_id"), observe_after(ec.saw_cache_check),
              "accounting", "EngineCore"),
@@ -39,7 +36,7 @@ def accounting_hooks() -> list[Hook]:
         Hook("scheduler.commit", f"{SCHED}.schedule", ("self",),
              observe_after(ec.saw_schedule, when=(
                  any_set(RESULT, "scheduled_encoder_inputs", "free_encoder_mm_hashes"),
-                 any_set(0, "_mmscope_proposed"))),
+                 any_set(0, ec.PROPOSALS, via="encoder_cache_manager"))),
              "accounting", "EngineCore"),
         Hook("scheduler.created", f"{SCHED}.__init__",
              ("self", "vllm_config", "kv_cache_config"), observe_after(ec.scheduler_created),
