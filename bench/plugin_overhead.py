@@ -3,7 +3,7 @@ range on (chrome), measured side by side in one engine: mmscope's hooks are reve
 between batches (uninstrument/instrument), so every configuration runs on the same process, cores
 and memory, interleaved (DESIGN §8).
 
-Run: .venv/bin/python bench/plugin_overhead.py [--rounds 12] [--requests 48] [--max-tokens 16]
+Run: .venv/bin/python bench/plugin_overhead.py [--rounds 12] [--requests 48] [--max-tokens 128,16]
      [--by-feature] [--mechanics] [--aa] [--runs N] [--raw FILE]
 """
 from __future__ import annotations
@@ -66,7 +66,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--requests", type=int, default=48)
-    ap.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request")
+    ap.add_argument("--max-tokens", type=answer_lengths, default=[128, 16],
+                    help="tokens generated per request; several (comma-separated) are timed side "
+                         "by side, each against its own bare batches (default 128,16: the answer "
+                         "length of vLLM's own multimodal benchmarks, and a prefill-heavy worst "
+                         "case)")
     ap.add_argument("--by-feature", action="store_true",
                     help="also time mmscope with one feature's hooks left out")
     ap.add_argument("--mechanics", action="store_true",
@@ -91,38 +95,45 @@ def main() -> None:
     from tests.vllm_kit import image, offline_llm, prompt
 
     llm = offline_llm(tiny_model.build(tiny_model.default_dir()), max_num_seqs=16)
-    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-    # Half the images repeat earlier ones: hits and misses both exercised. Fresh images per
-    # round so each round computes the same encoder work.
+    # Per answer length (as a string: the JSON key), per configuration: batch times.
+    shapes = [str(n) for n in args.max_tokens]
+    params = {n: SamplingParams(max_tokens=int(n), temperature=0.0, ignore_eos=True)
+              for n in shapes}
     configs = configurations(args.by_feature, args.mechanics, args.aa)
     instrumentor = get_instrumentor()
-    times: dict[str, list[float]] = {name: [] for name in configs}
-    cpu: dict[str, list[float]] = {name: [] for name in configs}
-    tokens = 0
+    times = {n: {name: [] for name in configs} for n in shapes}
+    cpu = {n: {name: [] for name in configs} for n in shapes}
+    tokens = dict.fromkeys(shapes, 0)
     with tempfile.TemporaryDirectory() as trace_dir:
-        llm.generate([prompt([image(1)], "warm-up")] * 4, sp, use_tqdm=False)
+        llm.generate([prompt([image(1)], "warm-up")] * 4, params[shapes[0]], use_tqdm=False)
         order = list(enumerate(configs.items()))
+        batch_no = 0
         for r in range(args.rounds):
-            # A new order every round: no configuration always follows the same one.
-            random.Random(r).shuffle(order)
-            for c, (name, (left_out, spec)) in order:
-                base = 100_000 * (r * len(configs) + c + 1)
-                batch = [prompt([image(base + (i // 2 if i % 2 else i))], f"Question {i}?")
-                         for i in range(args.requests)]
-                apply(instrumentor, left_out, spec, trace_dir)
-                gc.collect()  # no collection debt carried from one configuration to the next
-                t, c = time.perf_counter(), time.process_time()
-                outs = llm.generate(batch, sp, use_tqdm=False)
-                times[name].append(time.perf_counter() - t)
-                cpu[name].append(time.process_time() - c)
-                tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            for n in shapes:
+                # A new order every time: no configuration always follows the same one.
+                random.Random(batch_no).shuffle(order)
+                for c, (name, (left_out, spec)) in order:
+                    # Half the images repeat earlier ones: hits and misses both exercised. Fresh
+                    # images per batch, so each batch computes the same encoder work.
+                    batch_no += 1
+                    base = 100_000 * batch_no
+                    batch = [prompt([image(base + (i // 2 if i % 2 else i))], f"Question {i}?")
+                             for i in range(args.requests)]
+                    apply(instrumentor, left_out, spec, trace_dir)
+                    gc.collect()  # no collection debt carried from one configuration to the next
+                    t, c = time.perf_counter(), time.process_time()
+                    outs = llm.generate(batch, params[n], use_tqdm=False)
+                    times[n][name].append(time.perf_counter() - t)
+                    cpu[n][name].append(time.process_time() - c)
+                    tokens[n] = sum(len(o.outputs[0].token_ids) for o in outs)
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
         apply(instrumentor, None, "off", trace_dir)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"times": times, "cpu": cpu, "tokens": tokens}, f)
         return
-    report(times, cpu, tokens, args)
+    for n in shapes:
+        report(times[n], cpu[n], tokens[n], int(n), args)
 
 
 def several_runs(args) -> None:
@@ -133,7 +144,8 @@ def several_runs(args) -> None:
         for k in range(args.runs):
             out = os.path.join(tmp, f"run{k}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "--rounds", str(args.rounds),
-                   "--requests", str(args.requests), "--max-tokens", str(args.max_tokens),
+                   "--requests", str(args.requests),
+                   "--max-tokens", ",".join(str(n) for n in args.max_tokens),
                    "--json", out]
             cmd += ["--by-feature"] if args.by_feature else []
             cmd += ["--mechanics"] if args.mechanics else []
@@ -145,22 +157,27 @@ def several_runs(args) -> None:
     if args.raw:
         with open(args.raw, "w") as f:
             json.dump(runs, f)
-    names = list(runs[0]["times"])
     base = "without mmscope"
     rng = random.Random(0)
-    for clock, what in (("times", "wall time"), ("cpu", "CPU time of the process, all threads")):
-        ratio = {n: [paired(r[clock][n], r[clock][base]) for r in runs] for n in names}
-        print(f"{what}: per run, median of per-round ratios to the bare run:")
-        for n in names[1:]:
-            medians = (statistics.median(x) * 100 for x in ratio[n])
-            print(f"  {n:36} " + "  ".join(f"{m:+5.1f}%" for m in medians))
-        print(f"{what}: all {args.runs} runs pooled ({args.runs} x {args.rounds} rounds, each a "
-              f"batch of {args.requests} image requests, {args.max_tokens} tokens each):")
-        for n in names[1:]:
-            pooled = [v for x in ratio[n] for v in x]
-            lo, hi = pooled_interval(ratio[n], rng)
-            print(f"  {n:36} {statistics.median(pooled) * 100:+5.1f}% [{lo * 100:+5.1f}, "
-                  f"{hi * 100:+5.1f}] (90% interval, runs and rounds resampled)")
+    for shape in runs[0]["times"]:
+        names = list(runs[0]["times"][shape])
+        batch_ms = [statistics.median(r["times"][shape][base]) * 1000 for r in runs]
+        print(f"== {shape} tokens a request (bare batch, median per run: "
+              f"{min(batch_ms):.0f}-{max(batch_ms):.0f} ms)")
+        for clock, what in (("times", "wall time"), ("cpu", "CPU time of the process, all threads")):
+            ratio = {n: [paired(r[clock][shape][n], r[clock][shape][base]) for r in runs]
+                     for n in names}
+            print(f"{what}: per run, median of per-round ratios to the bare run:")
+            for n in names[1:]:
+                medians = (statistics.median(x) * 100 for x in ratio[n])
+                print(f"  {n:36} " + "  ".join(f"{m:+5.1f}%" for m in medians))
+            print(f"{what}: all {args.runs} runs pooled ({args.runs} x {args.rounds} rounds, each "
+                  f"a batch of {args.requests} image requests, {shape} tokens each):")
+            for n in names[1:]:
+                pooled = [v for x in ratio[n] for v in x]
+                lo, hi = pooled_interval(ratio[n], rng)
+                print(f"  {n:36} {statistics.median(pooled) * 100:+5.1f}% [{lo * 100:+5.1f}, "
+                      f"{hi * 100:+5.1f}] (90% interval, runs and rounds resampled)")
 
 
 def pooled_interval(runs: list[list[float]], rng: random.Random) -> tuple[float, float]:
@@ -187,7 +204,18 @@ def quantile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1]
 
 
-def report(times, cpu, tokens, args) -> None:
+def answer_lengths(text: str) -> list[int]:
+    """--max-tokens: one or more positive ints, comma-separated."""
+    try:
+        lengths = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of ints: {text!r}") from None
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"token counts must be positive: {text!r}")
+    return lengths
+
+
+def report(times, cpu, tokens, max_tokens, args) -> None:
     """Two estimators. The median of per-round ratios, with its bootstrap interval; and the ratio
     of the fast tails (10th percentile of each configuration's batch times): other jobs on the
     machine only ever add time, so the fastest batches are the least disturbed ones."""
@@ -206,7 +234,7 @@ def report(times, cpu, tokens, args) -> None:
               f"{statistics.median(ratios) * 100:+14.1f}% [{lo * 100:+5.1f}, {hi * 100:+5.1f}] "
               f"{cpu_ratio * 100:+10.1f}% {p10 * 100:+10.1f}%")
     print(f"(over {args.rounds} interleaved rounds, each a batch of {args.requests} image "
-          f"requests, {args.max_tokens} tokens each, one in-process engine; wall: median of per-round ratios to "
+          f"requests, {max_tokens} tokens each, one in-process engine; wall: median of per-round ratios to "
           f"the bare run; CPU: the same for the process's CPU time, all threads; p10: ratio of "
           f"the 10th percentiles of batch times)")
 
