@@ -5,6 +5,7 @@ and memory, interleaved (DESIGN §8).
 
 Run: .venv/bin/python bench/plugin_overhead.py [--rounds 12] [--requests 48] [--max-tokens 128,16]
      [--by-feature] [--mechanics] [--aa] [--runs N] [--raw FILE]
+     .venv/bin/python bench/plugin_overhead.py --pool RAW_FILE [RAW_FILE ...]
 """
 from __future__ import annotations
 
@@ -83,10 +84,14 @@ def main() -> None:
                          "which moves a ratio by more than its rounds' noise)")
     ap.add_argument("--raw", help="with --runs: also write every run's raw times to this JSON "
                                    "file (to pool them with another invocation's later)")
+    ap.add_argument("--pool", nargs="+", metavar="RAW_FILE",
+                    help="time nothing: pool the runs of earlier --raw files and report them")
     ap.add_argument("--json", help=argparse.SUPPRESS)  # a run's raw times, for the parent
     args = ap.parse_args()
+    if args.pool:
+        return report_runs(read_raw(args.pool), args)
     if args.runs > 1:
-        return several_runs(args)
+        return report_runs(several_runs(args), args)
 
     from vllm import SamplingParams
 
@@ -136,9 +141,8 @@ def main() -> None:
         report(times[n], cpu[n], tokens[n], int(n), args)
 
 
-def several_runs(args) -> None:
-    """Each run in a fresh process; every run's figures, then all rounds pooled. The pooled
-    interval resamples runs, then rounds within them, so it includes the run-to-run spread."""
+def several_runs(args) -> list[dict]:
+    """Each run in a fresh process; their raw times (also into --raw)."""
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.runs):
@@ -157,6 +161,32 @@ def several_runs(args) -> None:
     if args.raw:
         with open(args.raw, "w") as f:
             json.dump(runs, f)
+    return runs
+
+
+def read_raw(paths: list[str]) -> list[dict]:
+    """The runs of several --raw files, which must have timed the same configurations."""
+    runs = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                runs += json.load(f)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"plugin_overhead: cannot read {path}: {e}") from None
+    try:  # per run: {"times": {answer length: {configuration: [s, ...]}}, "cpu": alike}
+        layouts = {json.dumps({n: sorted(c) for n, c in r[clock].items()})
+                   for r in runs for clock in ("times", "cpu")}
+    except (KeyError, TypeError, AttributeError):
+        layouts = set()
+    if len(layouts) != 1:
+        raise SystemExit("plugin_overhead: the files are not --raw files of this version, or they "
+                         "timed different configurations or answer lengths")
+    return runs
+
+
+def report_runs(runs: list[dict], args) -> None:
+    """Every run's figures, then all rounds pooled. The pooled interval resamples runs, then
+    rounds within them, so it includes the run-to-run spread."""
     base = "without mmscope"
     rng = random.Random(0)
     for shape in runs[0]["times"]:
@@ -171,8 +201,10 @@ def several_runs(args) -> None:
             for n in names[1:]:
                 medians = (statistics.median(x) * 100 for x in ratio[n])
                 print(f"  {n:36} " + "  ".join(f"{m:+5.1f}%" for m in medians))
-            print(f"{what}: all {args.runs} runs pooled ({args.runs} x {args.rounds} rounds, each "
-                  f"a batch of {args.requests} image requests, {shape} tokens each):")
+            rounds = sorted({len(r[clock][shape][base]) for r in runs})
+            print(f"{what}: all {len(runs)} runs pooled ({len(runs)} x "
+                  f"{'/'.join(map(str, rounds))} rounds, each a batch of {args.requests} image "
+                  f"requests, {shape} tokens each):")
             for n in names[1:]:
                 pooled = [v for x in ratio[n] for v in x]
                 lo, hi = pooled_interval(ratio[n], rng)

@@ -5,7 +5,8 @@ The own time of a hook is its wrapper's time minus the wrapped vLLM function's, 
 around every call (the clocks' own cost measured and subtracted). Both figures move far less with
 the other load on a shared machine than a throughput ratio does (DESIGN §8).
 
-Run: .venv/bin/python bench/plugin_profile.py [--batches 40] [--rate 1000] [--top 12] [--no-spy]
+Run: .venv/bin/python bench/plugin_profile.py [--batches 40] [--max-tokens 16] [--rate 1000] [--top 12]
+     [--no-spy]
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def pyspy() -> str:
     return str(PYSPY_VENV / "bin" / "py-spy")
 
 
-def workload(spec: str, batches: int, reset=None) -> None:
+def workload(spec: str, batches: int, max_tokens: int, reset=None) -> None:
     """The child: plugin_overhead.py's batches, all with mmscope on and tracing `spec`;
     `reset` runs after the warm-up."""
     sys.path.insert(0, str(ROOT))
@@ -52,7 +53,7 @@ def workload(spec: str, batches: int, reset=None) -> None:
     from tests.vllm_kit import image, offline_llm, prompt
 
     llm = offline_llm(tiny_model.build(tiny_model.default_dir()), max_num_seqs=16)
-    sp = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     tracing.configure(spec, tempfile.mkdtemp(prefix="mmscope-profile-"))
     ranges.route_vllm_ranges()
     llm.generate([prompt([image(1)], "warm-up")] * 4, sp, use_tqdm=False)
@@ -64,7 +65,7 @@ def workload(spec: str, batches: int, reset=None) -> None:
                       for i in range(48)], sp, use_tqdm=False)
 
 
-def hook_times(spec: str, batches: int, out: str) -> None:
+def hook_times(spec: str, batches: int, max_tokens: int, out: str) -> None:
     """The child of the own-time figure: every hook's factory wrapped by two clocks; the table
     goes to `out` (vLLM logs to stdout)."""
     import collections as c
@@ -102,7 +103,7 @@ def hook_times(spec: str, batches: int, out: str) -> None:
         return apply(hook)
     patching.Hook.apply = clocked_apply
     start = []
-    workload(spec, batches, reset=lambda: (outer.clear(), inner.clear(), calls.clear(),
+    workload(spec, batches, max_tokens, reset=lambda: (outer.clear(), inner.clear(), calls.clear(),
                                            start.append(time.perf_counter())))
     wall = time.perf_counter() - start[0]
     # The clocks' own cost: an identity wrapper around a function that does nothing.
@@ -157,11 +158,12 @@ def attribute(raw: Path) -> dict:
     return {"engine": engine, "mine": mine, "parts": parts, "other_threads": other_threads}
 
 
-def profile(spec: str, batches: int, rate: int, spy: str) -> dict:
+def profile(spec: str, batches: int, max_tokens: int, rate: int, spy: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "samples.txt"
         cmd = [spy, "record", "--nonblocking", "-r", str(rate), "-f", "raw", "-o", str(raw),
-               "--", sys.executable, __file__, "--workload", spec, "--batches", str(batches)]
+               "--", sys.executable, __file__, "--workload", spec, "--batches", str(batches),
+               "--max-tokens", str(max_tokens)]
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
         t = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -189,6 +191,7 @@ def report(spec: str, r: dict, top: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--batches", type=int, default=40)
+    ap.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request")
     ap.add_argument("--rate", type=int, default=1000, help="samples per second")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--no-spy", action="store_true", help="only the hooks' own time")
@@ -197,14 +200,15 @@ def main() -> None:
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.workload:
-        return workload(args.workload, args.batches)
+        return workload(args.workload, args.batches, args.max_tokens)
     if args.hook_times:
-        return hook_times(args.hook_times, args.batches, args.out)
+        return hook_times(args.hook_times, args.batches, args.max_tokens, args.out)
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     for spec in ("off", "chrome"):
         with tempfile.NamedTemporaryFile("r", suffix=".txt") as out:
             done = subprocess.run([sys.executable, __file__, "--hook-times", spec, "--batches",
-                                   str(args.batches), "--out", out.name],
+                                   str(args.batches), "--max-tokens", str(args.max_tokens),
+                                   "--out", out.name],
                                   env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"hook times, tracing={spec}: failed: "
@@ -214,10 +218,11 @@ def main() -> None:
         return
     spy = pyspy()
     print(f"py-spy {subprocess.run([spy, '--version'], capture_output=True, text=True).stdout.split()[-1]}"
-          f", {args.rate} samples/s, {args.batches} batches of 48 image requests (16 tokens each), "
+          f", {args.rate} samples/s, {args.batches} batches of 48 image requests ({args.max_tokens} "
+          f"tokens each), "
           f"one in-process engine, mmscope on")
     for spec in ("off", "chrome"):
-        report(spec, profile(spec, args.batches, args.rate, spy), args.top)
+        report(spec, profile(spec, args.batches, args.max_tokens, args.rate, spy), args.top)
 
 
 if __name__ == "__main__":
