@@ -154,14 +154,19 @@ class Owner:
         return NS(work=stats.work, evicted=[])
 
 
-def test_the_when_guard_calls_the_observer_only_when_a_clause_holds():
+def guarded_step(name: str, when: tuple) -> tuple[Hook, list]:
+    """Owner.step hooked, applied, with an observer (behind `when`) that lists each tag it sees."""
     calls = []
-    when = (any_set(RESULT, "work", "evicted"), any_set(1, "news"),
-            all_clear(0, "running", "waiting"))
-    h = Hook("test.guard", f"{__name__}:Owner.step", ("self", "stats"),
+    h = Hook(name, f"{__name__}:Owner.step", ("self", "stats"),
              observe_after(lambda result, owner, stats, *a, **k: calls.append(stats.tag), when),
              "test", "test")
     h.apply()
+    return h, calls
+
+
+def test_the_when_guard_calls_the_observer_only_when_a_clause_holds(wrapper_road):
+    h, calls = guarded_step("test.guard", (any_set(RESULT, "work", "evicted"), any_set(1, "news"),
+                                           all_clear(0, "running", "waiting")))
     try:
         busy = Owner()
         busy.running, busy.waiting = [1], []
@@ -179,17 +184,13 @@ def test_the_when_guard_calls_the_observer_only_when_a_clause_holds():
 
 
 def test_a_clause_reads_the_attributes_of_an_attribute_with_via(wrapper_road):
-    calls = []
-    when = (any_set(0, "pending", via="ledger"), all_clear(1, "queued", via="queue"))
-    h = Hook("test.guard_via", f"{__name__}:Owner.step", ("self", "stats"),
-             observe_after(lambda result, owner, stats, *a, **k: calls.append(stats.tag), when),
-             "test", "test")
-    h.apply()
+    h, calls = guarded_step("test.guard_via", (any_set(0, "pending", via="ledger"),
+                                               all_clear(1, "queued", via="queue")))
     try:
         owner = Owner()
         owner.ledger = NS(pending={})
         busy = NS(work=0, queue=NS(queued=[1]))
-        owner.step(NS(**vars(busy), tag="quiet"))  # owner.ledger.pending empty, stats.queue.queued not
+        owner.step(NS(**vars(busy), tag="quiet"))  # ledger.pending empty, queue.queued not
         owner.ledger.pending["r"] = 1
         owner.step(NS(**vars(busy), tag="pending"))  # the same dict, now truthy: read in place
         owner.ledger.pending.clear()
