@@ -36,6 +36,7 @@ def accounting_hooks() -> list[Hook]:
         Hook("scheduler.commit", f"{SCHED}.schedule", ("self",),
              observe_after(ec.saw_schedule, when=(
                  any_set(RESULT, "scheduled_encoder_inputs", "free_encoder_mm_hashes"),
+                 # items looked at this step (hits, deferrals): the ledger's pending proposals
                  any_set(0, ec.PROPOSALS, via="encoder_cache_manager"))),
              "accounting", "EngineCore"),
         Hook("scheduler.created", f"{SCHED}.__init__",
