@@ -13,9 +13,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mmscope.record import native_library
+from mmscope.record import spool as spool_reader
 
 DATA = Path(__file__).parent / "data" / "record"
 PY = sys.executable
@@ -292,3 +294,32 @@ def test_native_writer_matches_sqlite_inserts(tmp_path):
     assert query(fast, sql) == query(slow, sql) and len(query(fast, sql)) > 100
     # same declared schema, so readers that inspect column types see the same table
     assert query(fast, "PRAGMA table_info(NVTX_EVENTS)") == query(slow, "PRAGMA table_info(NVTX_EVENTS)")
+
+
+def _pushes(seqs) -> np.ndarray:
+    recs = np.zeros(len(seqs), spool_reader.RECORD)
+    recs["kind"], recs["start"] = spool_reader.PUSH, seqs
+    return recs
+
+
+def test_a_full_ring_whose_oldest_record_was_never_copied_keeps_it():
+    """The reader skips the ring's slot of seq head - capacity, which the writer may be
+    overwriting at the moment the process dies, because that seq is always in a copy then. When no
+    complete copy holds it (the ring filled exactly to capacity while the copier lagged, or its copy
+    was cut off by the exit), nothing can be writing that slot, and the ring's record is the only
+    one left."""
+    cap = 8
+    # Never copied: seqs 0..7 fill the ring exactly.
+    ring = spool_reader._Ring(tid=1, capacity=cap, head=cap, slots=_pushes(range(cap)))
+    assert spool_reader._ring_events(ring)["start"].tolist() == list(range(cap))
+    # Wrapped once: seqs 8..15 in the ring, a copy of 0..7 done, 8 not yet copied.
+    ring = spool_reader._Ring(tid=1, capacity=cap, head=2 * cap, slots=_pushes(range(cap, 2 * cap)),
+                       copies=[(0, _pushes(range(cap)))])
+    assert spool_reader._ring_events(ring)["start"].tolist() == list(range(2 * cap))
+    # Copied: the ring's slot of seq head - capacity may be half overwritten (by seq head, never
+    # published); the copy's record is the one read.
+    slots = _pushes(range(cap, 2 * cap))
+    slots[0]["start"] = 999
+    ring = spool_reader._Ring(tid=1, capacity=cap, head=2 * cap, slots=slots,
+                       copies=[(0, _pushes(range(cap + 1)))])
+    assert spool_reader._ring_events(ring)["start"].tolist() == list(range(2 * cap))

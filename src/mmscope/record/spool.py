@@ -136,7 +136,10 @@ def _ring_events(ring: _Ring) -> np.ndarray:
 
     The ring is authoritative for its newest records (the segment being filled is updated in
     place). The slot of seq head - capacity may be half overwritten by a record that was being
-    written when the process died; that seq is always in a copy, so the ring is read from the next.
+    written when the process died, but only once that seq is copied (the writer waits for it):
+    with a complete copy holding it, the ring is read from the next seq; without one (the ring
+    filled exactly to capacity while the copier lagged, or that copy was cut off by the exit),
+    the slot is intact and the only place the record is.
     Copies are moved as raw bytes: numpy copies structured arrays field by field.
     """
     size = RECORD.itemsize
@@ -145,7 +148,9 @@ def _ring_events(ring: _Ring) -> np.ndarray:
         n = max(0, min(len(recs), ring.head - first))
         raw[first * size:(first + n) * size] = recs[:n].view(np.uint8)
     slots = ring.slots.view(np.uint8)
-    lo = max(0, ring.head - ring.capacity + 1)
+    edge = ring.head - ring.capacity
+    copied = any(first <= edge < first + len(recs) for first, recs in ring.copies)
+    lo = max(0, edge + 1 if copied else edge)
     n, a = max(0, ring.head - lo), lo & max(0, ring.capacity - 1)
     if not ring.capacity:
         pass
