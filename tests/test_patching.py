@@ -12,7 +12,8 @@ import pytest
 
 from mmscope.vllm import patching
 from mmscope.vllm.patching import (APPLIED, MISMATCH, MISSING, RESULT, Hook, all_clear, any_set,
-                                   every, observe_after, observe_around, observe_before)
+                                   every, falsy, observe_after, observe_around, observe_before,
+                                   truthy)
 
 
 @pytest.fixture(autouse=True)
@@ -202,6 +203,38 @@ def test_a_clause_reads_the_attributes_of_an_attribute_with_via(wrapper_road):
         assert calls == ["pending", "drained", "no queue"]
     finally:
         h.revert()
+
+
+class Answer:
+    """A yes/no call, like the encoder cache manager's check_and_update_cache and can_allocate."""
+
+    def ask(self, answer, tag):
+        return answer
+
+
+class Undecidable:
+    def __bool__(self):
+        raise ValueError("no truth")
+
+
+def test_a_clause_without_attributes_reads_the_truth_of_its_source(wrapper_road):
+    calls = {"yes": [], "no": []}
+    hooks = [Hook(f"test.{name}", f"{__name__}:Answer.ask", ("self", "answer"),
+                  observe_after(lambda result, owner, answer, tag, name=name:
+                                calls[name].append(tag), when), "test", "test")
+             for name, when in (("yes", (truthy(RESULT),)), ("no", (falsy(1),)))]
+    for h in hooks:
+        h.apply()
+    try:
+        for answer, tag in ((True, "true"), (0, "zero"), ([1], "list"), ([], "empty"),
+                            (None, "none"), (Undecidable(), "undecidable")):
+            assert Answer().ask(answer, tag) is answer  # the result passes through untouched
+        # Both guards wrap the same call; an undecidable truth lets the observer decide.
+        assert calls == {"yes": ["true", "list", "undecidable"],
+                         "no": ["zero", "empty", "none", "undecidable"]}
+    finally:
+        for h in reversed(hooks):
+            h.revert()
 
 
 def test_a_timer_clause_holds_once_per_period():

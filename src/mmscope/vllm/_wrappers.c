@@ -167,6 +167,12 @@ static int guard_passes(Wrapper *w, PyObject *result, PyObject *const *args, Py_
         }
         Py_ssize_t n = PyTuple_GET_SIZE(c->attrs);
         int holds = !c->want_any;
+        if (n == 0) { /* truthy/falsy: the object's own truth */
+            int t = PyObject_IsTrue(obj);
+            if (t < 0)
+                PyErr_Clear();
+            holds = t < 0 || (c->want_any ? t : !t);
+        }
         for (Py_ssize_t k = 0; k < n; k++) {
             int t = attr_truth(obj, PyTuple_GET_ITEM(c->attrs, k));
             if (t < 0) {
@@ -199,7 +205,8 @@ static void free_clauses(Wrapper *w) {
     w->nclauses = 0;
 }
 
-/* `when`: a tuple of clauses, each (source, (attr, ...), want_any[, via]) or (seconds,). */
+/* `when`: a tuple of clauses, each (source, (attr, ...), want_any[, via]) or (seconds,); with no
+ * attributes, the clause reads the truth of source (or source.via) itself. */
 static int parse_clauses(Wrapper *w, PyObject *when) {
     if (when == NULL || when == Py_None)
         return 0;

@@ -76,6 +76,7 @@ def _item(request, index: int) -> Item:
 _new_tuple = tuple.__new__
 
 
+# Their guards (targets.py) keep the Python call off the common answer: a miss, room to allocate.
 def saw_cache_check(result, manager, request, input_id, *args, **kwargs) -> None:
     if result:  # resident: a local hit, unless the item is a duplicate (ledger.propose)
         ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
@@ -99,7 +100,8 @@ def saw_free(manager, request, *args, **kwargs) -> None:
 def saw_allocation(scheduler, request, input_ids, duplicate_input_ids=(), *args, **kwargs) -> None:
     """A request the scheduler schedules: space for the items it computes or loads (input_ids),
     and the later copies of an item it computes in this step (duplicate_input_ids)."""
-    ledger = ledger_of(scheduler.encoder_cache_manager)
+    manager = scheduler.encoder_cache_manager
+    ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
     # Without a connector every reserved item is computed; with one, the step's computed items
     # tell the two apart at the commit.
     reserved = (Decision.COMPUTE if getattr(scheduler, "ec_connector", None) is None

@@ -170,6 +170,16 @@ def all_clear(source: int, *attrs: str, via: str | None = None) -> tuple:
     return (source, attrs, False, via)
 
 
+def truthy(source: int) -> tuple:
+    """Source itself is truthy (e.g. the result of a yes/no call whose no needs no observer)."""
+    return (source, (), True, None)
+
+
+def falsy(source: int) -> tuple:
+    """Source itself is falsy."""
+    return (source, (), False, None)
+
+
 def every(seconds: float) -> tuple:
     """At least `seconds` since this clause last held (the first call holds)."""
     return (float(seconds),)
@@ -191,7 +201,7 @@ def guard_passes(when: tuple, timers: list[float], result, args: tuple) -> bool:
         try:
             if via is not None:
                 obj = getattr(obj, via, None)  # missing: so is each of its attributes
-            truths = [bool(getattr(obj, a, None)) for a in attrs]
+            truths = [bool(getattr(obj, a, None)) for a in attrs] if attrs else [bool(obj)]
         except Exception:  # noqa: BLE001 - cannot tell: the observer decides
             return True
         if (any(truths) if want_any else not any(truths)):

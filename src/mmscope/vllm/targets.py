@@ -8,8 +8,8 @@ from mmscope import stages
 from mmscope.vllm import encoder_cache as ec
 from mmscope.vllm import ranges as rg
 from mmscope.vllm import stat_loggers as sl
-from mmscope.vllm.patching import (RESULT, Hook, all_clear, any_set, every, observe_after,
-                                   observe_around, observe_before)
+from mmscope.vllm.patching import (RESULT, Hook, all_clear, any_set, every, falsy, observe_after,
+                                   observe_around, observe_before, truthy)
 
 SUPPORTED_VLLM = ">=0.32,<0.33"
 
@@ -23,11 +23,13 @@ def accounting_hooks() -> list[Hook]:
     """EngineCore: the scheduler's encoder decisions (DESIGN §4)."""
     return [
         Hook("encoder_cache.local_hit", f"{ECM}.check_and_update_cache",
-             ("self", "request", "input_id"), observe_after(ec.saw_cache_check),
+             ("self", "request", "input_id"),
+             observe_after(ec.saw_cache_check, when=(truthy(RESULT),)),  # resident
              "accounting", "EngineCore"),
         Hook("encoder_cache.deferral", f"{ECM}.can_allocate",
              ("self", "request", "input_id", "encoder_compute_budget"),
-             observe_after(ec.saw_can_allocate), "accounting", "EngineCore"),
+             observe_after(ec.saw_can_allocate, when=(falsy(RESULT),)),  # no room or budget
+             "accounting", "EngineCore"),
         Hook("encoder_cache.free", f"{ECM}.free", ("self", "request"),
              observe_before(ec.saw_free), "accounting", "EngineCore"),
         Hook("scheduler.allocate", f"{SCHED}._allocate_encoder_inputs",
