@@ -63,6 +63,17 @@ def apply(instrumentor, left_out: str | None, spec: str, trace_dir: str) -> None
     ranges.route_vllm_ranges()
 
 
+def workload_batch(batch_no: int, requests: int) -> list[dict]:
+    """One batch of single-image requests. Half the images repeat earlier ones of the batch: hits
+    and misses both exercised. Fresh images per batch, so each batch computes the same encoder
+    work."""
+    from tests.vllm_kit import image, prompt
+
+    base = 100_000 * batch_no
+    return [prompt([image(base + (i // 2 if i % 2 else i))], f"Question {i}?")
+            for i in range(requests)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=12)
@@ -118,12 +129,8 @@ def main() -> None:
                 # A new order every time: no configuration always follows the same one.
                 random.Random(batch_no).shuffle(order)
                 for c, (name, (left_out, spec)) in order:
-                    # Half the images repeat earlier ones: hits and misses both exercised. Fresh
-                    # images per batch, so each batch computes the same encoder work.
                     batch_no += 1
-                    base = 100_000 * batch_no
-                    batch = [prompt([image(base + (i // 2 if i % 2 else i))], f"Question {i}?")
-                             for i in range(args.requests)]
+                    batch = workload_batch(batch_no, args.requests)
                     apply(instrumentor, left_out, spec, trace_dir)
                     gc.collect()  # no collection debt carried from one configuration to the next
                     t, c = time.perf_counter(), time.process_time()

@@ -1,0 +1,238 @@
+"""The work mmscope adds to vLLM, counted in instructions by Callgrind: plugin_overhead.py's batches
+and configurations in one engine, interleaved, each batch counted on its own.
+
+Batch times here move by about ±5% from one batch to the next (a shared 2-core machine), so a
+throughput ratio needs hundreds of batches to resolve 1%; the instructions an engine executes for
+the same batch repeat to about 0.3%, so each pair of batches resolves the added work to a tenth of a
+percent. (SQLite and the Rust compiler track their speed by instruction counts for this reason.)
+With --cache-sim Callgrind also simulates the caches, and the cycle estimate Ir + 10 x first-level
+misses + 100 x last-level misses (KCachegrind's) prices the misses of hooks that run with cold caches
+in vLLM's step loop.
+
+Run: .venv/bin/python bench/plugin_instructions.py [--pairs 3] [--max-tokens 16,128] [--requests 48]
+     [--cache-sim] [--no-chrome] [--keep DIR]
+     .venv/bin/python bench/plugin_instructions.py --report DIR [--pairs 3] [--max-tokens ...]
+Needs Valgrind (Debian: apt-get install valgrind) and a C compiler; about 4 minutes per 16-token
+pair and 12 per 128-token pair (Valgrind runs the engine about 130x slower).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import plugin_overhead  # noqa: E402 - the same workload and configurations
+
+BARE = "without mmscope"
+# Under Valgrind a batch takes a hundred times longer, so the 1 s emission timer would fire a
+# hundred times more often than in real time; with it set beyond a batch, each batch sends its
+# counts as in plugin_overhead's real-time runs: at its first step (instrument() starts the timer
+# afresh) and when the engine runs dry.
+EMISSION_TIMER_S = 3600.0
+CYCLE_WEIGHTS = {"Ir": 1, "I1mr": 10, "D1mr": 10, "D1mw": 10, "ILmr": 100, "DLmr": 100,
+                 "DLmw": 100}
+
+
+def fail(message: str) -> None:
+    raise SystemExit(f"plugin_instructions: {message}")
+
+
+def build_marker(out_dir: str) -> str:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        fail("no C compiler (cc or gcc) on PATH")
+    lib = os.path.join(out_dir, "libcallgrind_mark.so")
+    done = subprocess.run([cc, "-O2", "-shared", "-fPIC", str(ROOT / "bench" / "callgrind_mark.c"),
+                           "-o", lib], capture_output=True, text=True)
+    if done.returncode != 0:
+        fail("cannot build bench/callgrind_mark.c (is valgrind's callgrind.h installed? "
+             f"apt-get install valgrind): {done.stderr.strip().splitlines()[-1:]}")
+    return lib
+
+
+def child(args) -> None:
+    """Inside Valgrind: warm up, then every (answer length, pair, configuration) batch counted."""
+    import ctypes
+
+    from vllm import SamplingParams
+
+    from mmscope import tiny_model
+    from mmscope.vllm import encoder_cache, targets
+    from mmscope.vllm.instrumentor import get_instrumentor
+    from tests.vllm_kit import image, offline_llm, prompt
+
+    mark = ctypes.CDLL(args.marker)
+    mark.mark_dump.argtypes = [ctypes.c_char_p]
+    llm = offline_llm(tiny_model.build(tiny_model.default_dir()), max_num_seqs=16)
+    encoder_cache.SEND_EVERY_S = EMISSION_TIMER_S
+    instrumentor = get_instrumentor()
+    instrumentor.uninstrument()
+    instrumentor.hooks = targets.all_hooks()  # their `every` clause reads the timer set above
+    configs = plugin_overhead.configurations(False)
+    if args.no_chrome:
+        configs = {k: v for k, v in configs.items() if v[1] != "chrome"}
+    names = list(configs)
+    batch_no = 0
+    with tempfile.TemporaryDirectory() as trace_dir:
+        for n in args.max_tokens:
+            params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+            plugin_overhead.apply(instrumentor, None, "off", trace_dir)
+            llm.generate([prompt([image(1)], "warm-up")] * 4, params, use_tqdm=False)
+            # One full batch uncounted: the first one at a length allocates what later ones reuse.
+            batch_no += 1
+            llm.generate(plugin_overhead.workload_batch(batch_no, args.requests), params,
+                         use_tqdm=False)
+            for pair in range(args.pairs):
+                # Rotated each pair: no configuration always runs first or after the same one.
+                for name in names[pair % len(names):] + names[:pair % len(names)]:
+                    batch_no += 1
+                    batch = plugin_overhead.workload_batch(batch_no, args.requests)
+                    plugin_overhead.apply(instrumentor, *configs[name], trace_dir)
+                    gc.collect()
+                    mark.mark_start()
+                    llm.generate(batch, params, use_tqdm=False)
+                    mark.mark_dump(f"{n}|{pair}|{name}".encode())
+                    print(f"counted: {n} tokens, pair {pair + 1}/{args.pairs}, {name}",
+                          file=sys.stderr, flush=True)
+        plugin_overhead.apply(instrumentor, None, "off", trace_dir)
+
+
+def run_child(args, out_dir: str) -> None:
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        fail("valgrind is not installed (Debian: apt-get install valgrind)")
+    marker = build_marker(out_dir)
+    cmd = [valgrind, "--tool=callgrind", "--instr-atstart=no",
+           f"--callgrind-out-file={out_dir}/cg.out.%p", f"--log-file={out_dir}/valgrind.log",
+           f"--cache-sim={'yes' if args.cache_sim else 'no'}",
+           sys.executable, os.path.abspath(__file__), "--child", "--marker", marker,
+           "--pairs", str(args.pairs), "--requests", str(args.requests),
+           "--max-tokens", ",".join(map(str, args.max_tokens))]
+    cmd += ["--no-chrome"] if args.no_chrome else []
+    # Passive OpenMP threads sleep instead of spinning: a spin loop's instruction count depends
+    # on timing, and Valgrind runs one thread at a time. VLLM_CPU_KVCACHE_SPACE as in the tests.
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    log_path = os.path.join(out_dir, "child.log")
+    print(f"plugin_instructions: counting under Valgrind (log: {log_path})", file=sys.stderr)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.PIPE, text=True)
+        for line in proc.stderr:
+            log.write(line)
+            if line.startswith("counted:"):
+                print(line.rstrip(), file=sys.stderr)
+        rc = proc.wait()
+    if rc != 0:
+        tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-5:]
+        fail(f"the engine under Valgrind exited with {rc}; last lines of {log_path}:\n  "
+             + "\n  ".join(tail))
+
+
+def read_dumps(out_dir: str) -> dict[tuple[int, int, str], dict[str, int]]:
+    """(answer length, pair, configuration) -> Callgrind's event totals for that batch."""
+    counts = {}
+    for path in sorted(Path(out_dir).glob("cg.out.*")):
+        text = path.read_text(errors="replace")
+        label = re.search(r"^desc: Trigger: Client Request: (.+)$", text, re.M)
+        events = re.search(r"^events: (.+)$", text, re.M)
+        # The totals line, not the summary: Callgrind 3.19 writes a summary that leaves out part
+        # of the work in every dump after the first, while the totals add up the dump's cost
+        # lines (what callgrind_annotate shows) and agree with the batches' run times.
+        totals = re.search(r"^totals: (.+)$", text, re.M)
+        if not (label and events and totals):
+            continue  # the dump at exit, after the last batch
+        n, pair, name = label.group(1).split("|", 2)
+        counts[(int(n), int(pair), name)] = dict(zip(events.group(1).split(),
+                                                     map(int, totals.group(1).split())))
+    return counts
+
+
+def cycles(events: dict[str, int]) -> int:
+    return sum(events.get(k, 0) * w for k, w in CYCLE_WEIGHTS.items())
+
+
+def report(counts, requests: int, where: str) -> None:
+    """Per answer length and configuration: the median batch, and each batch against the bare
+    batch of its pair."""
+    if not counts:
+        fail(f"no batch counts (Callgrind dumps cg.out.*) in {where}")
+    measures = [("instructions", lambda e: e["Ir"])]
+    if all("D1mr" in e for e in counts.values()):
+        measures.append(("cycle estimate (Ir + 10 x L1 misses + 100 x LL misses)", cycles))
+    for n in sorted({m for m, _, _ in counts}):
+        pairs = sorted({p for m, p, _ in counts if m == n})
+        names = [BARE] + [name for name in dict.fromkeys(c for m, _, c in counts if m == n)
+                          if name != BARE]
+        print(f"== {n} tokens a request, {requests} image requests a batch, {len(pairs)} "
+              f"batches per configuration")
+        for what, measure in measures:
+            print(f"{what}: per batch, and against the bare batch of the same pair")
+            for name in names:
+                both = [(measure(counts[(n, p, name)]), measure(counts[(n, p, BARE)]))
+                        for p in pairs if (n, p, name) in counts and (n, p, BARE) in counts]
+                if not both:
+                    continue
+                per = [x for x, _ in both]
+                line = f"  {name:32} {statistics.median(per) / 1e6:10.1f} M"
+                if name == BARE:
+                    spread = (max(per) - min(per)) / statistics.median(per)
+                    line += f"  (the bare batches within {spread * 100:.2f}% of each other)"
+                else:
+                    ratios = [x / b - 1 for x, b in both]
+                    added = statistics.median(x - b for x, b in both)
+                    line += (f"  {statistics.median(ratios) * 100:+6.2f}%  (pairs: "
+                             + ", ".join(f"{r * 100:+.2f}%" for r in ratios)
+                             + f")  {added / requests / 1e3:+.1f} K a request")
+                print(line)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=3,
+                    help="counted batches per configuration and answer length (default 3)")
+    ap.add_argument("--max-tokens", type=plugin_overhead.answer_lengths, default=[16, 128],
+                    help="answer lengths, comma-separated (default 16,128)")
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--cache-sim", action="store_true",
+                    help="also simulate the caches and report the cycle estimate (about 2x slower)")
+    ap.add_argument("--no-chrome", action="store_true", help="leave out every range on (chrome)")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="keep Callgrind's dumps here (one per batch: callgrind_annotate reads them)")
+    ap.add_argument("--report", metavar="DIR",
+                    help="count nothing: report the dumps an earlier --keep run left in DIR "
+                         "(with the --requests it ran)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--marker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.pairs < 1 or args.requests < 1:
+        fail("--pairs and --requests must be positive")
+    if args.child:
+        return child(args)
+    if args.report:
+        return report(read_dumps(args.report), args.requests, args.report)
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        if any(Path(args.keep).glob("cg.out.*")):
+            fail(f"{args.keep} already holds Callgrind dumps; name an empty folder")
+        out_dir = args.keep
+        run_child(args, out_dir)
+        return report(read_dumps(out_dir), args.requests, out_dir)
+    with tempfile.TemporaryDirectory(prefix="mmscope-callgrind-") as out_dir:
+        run_child(args, out_dir)
+        report(read_dumps(out_dir), args.requests, out_dir)
+
+
+if __name__ == "__main__":
+    main()
