@@ -7,13 +7,15 @@ the same batch repeat to about 0.3%, so each pair of batches resolves the added 
 percent. (SQLite and the Rust compiler track their speed by instruction counts for this reason.)
 With --cache-sim Callgrind also simulates the caches, and the cycle estimate Ir + 10 x first-level
 misses + 100 x last-level misses (KCachegrind's) prices the misses of hooks that run with cold caches
-in vLLM's step loop.
+in vLLM's step loop; the last level simulated is 2 MiB, a core's share of a shared machine's cache.
+--branch-sim adds 10 x mispredicted branches to the estimate (KCachegrind's full formula).
 
 Run: .venv/bin/python bench/plugin_instructions.py [--pairs 3] [--max-tokens 16,128] [--requests 48]
-     [--cache-sim] [--no-chrome] [--keep DIR]
-     .venv/bin/python bench/plugin_instructions.py --report DIR [--pairs 3] [--max-tokens ...]
-Needs Valgrind (Debian: apt-get install valgrind) and a C compiler; about 4 minutes per 16-token
-pair and 12 per 128-token pair (Valgrind runs the engine about 130x slower).
+     [--cache-sim] [--branch-sim] [--no-chrome] [--keep DIR]
+     .venv/bin/python bench/plugin_instructions.py --report DIR [--requests 48]
+Needs Valgrind (Debian: apt-get install valgrind) and a C compiler. Valgrind runs the engine about
+130x slower: a 16-token batch takes about 25 s, a 128-token one about 2 minutes, twice that with
+--cache-sim, and the engine's start under Valgrind about a minute.
 """
 from __future__ import annotations
 
@@ -40,8 +42,11 @@ BARE = "without mmscope"
 # counts as in plugin_overhead's real-time runs: at its first step (instrument() starts the timer
 # afresh) and when the engine runs dry.
 EMISSION_TIMER_S = 3600.0
+# The simulated last-level cache: a core's share on a shared machine rather than the whole L3
+# Valgrind would read from the CPU (hundreds of MiB here, which nothing would miss).
+LL_CACHE = "--LL=2097152,16,64"  # 2 MiB, 16-way, 64-byte lines
 CYCLE_WEIGHTS = {"Ir": 1, "I1mr": 10, "D1mr": 10, "D1mw": 10, "ILmr": 100, "DLmr": 100,
-                 "DLmw": 100}
+                 "DLmw": 100, "Bcm": 10, "Bim": 10}
 
 
 def fail(message: str) -> None:
@@ -115,7 +120,8 @@ def run_child(args, out_dir: str) -> None:
     marker = build_marker(out_dir)
     cmd = [valgrind, "--tool=callgrind", "--instr-atstart=no",
            f"--callgrind-out-file={out_dir}/cg.out.%p", f"--log-file={out_dir}/valgrind.log",
-           f"--cache-sim={'yes' if args.cache_sim else 'no'}",
+           *(["--cache-sim=yes", LL_CACHE] if args.cache_sim else ["--cache-sim=no"]),
+           f"--branch-sim={'yes' if args.branch_sim else 'no'}",
            sys.executable, os.path.abspath(__file__), "--child", "--marker", marker,
            "--pairs", str(args.pairs), "--requests", str(args.requests),
            "--max-tokens", ",".join(map(str, args.max_tokens))]
@@ -168,8 +174,12 @@ def report(counts, requests: int, where: str) -> None:
     if not counts:
         fail(f"no batch counts (Callgrind dumps cg.out.*) in {where}")
     measures = [("instructions", lambda e: e["Ir"])]
-    if all("D1mr" in e for e in counts.values()):
-        measures.append(("cycle estimate (Ir + 10 x L1 misses + 100 x LL misses)", cycles))
+    caches = all("D1mr" in e for e in counts.values())
+    branches = all("Bcm" in e for e in counts.values())
+    if caches or branches:
+        terms = ["Ir"] + ["10 x L1 misses + 100 x LL misses"] * caches \
+            + ["10 x mispredicted branches"] * branches
+        measures.append((f"cycle estimate ({' + '.join(terms)})", cycles))
     for n in sorted({m for m, _, _ in counts}):
         pairs = sorted({p for m, p, _ in counts if m == n})
         names = [BARE] + [name for name in dict.fromkeys(c for m, _, c in counts if m == n)
@@ -207,6 +217,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--cache-sim", action="store_true",
                     help="also simulate the caches and report the cycle estimate (about 2x slower)")
+    ap.add_argument("--branch-sim", action="store_true",
+                    help="also simulate branch prediction; mispredictions join the cycle estimate")
     ap.add_argument("--no-chrome", action="store_true", help="leave out every range on (chrome)")
     ap.add_argument("--keep", metavar="DIR",
                     help="keep Callgrind's dumps here (one per batch: callgrind_annotate reads them)")
