@@ -153,9 +153,9 @@ if PY_ONLY:
     _native = None
 
 
-# --- `when`: a guard that keeps the observer's Python call off quiet steps -------------------
-# A tuple of clauses; the observer runs when any holds. The clauses only read attributes vLLM
-# has just set (or our own flags), so a step with nothing to observe costs no Python frame.
+# --- `when`: a guard that keeps the observer's Python call off quiet calls -------------------
+# A tuple of clauses; the observer runs when any holds. The clauses only read what vLLM has just
+# returned or set (or our own flags), so a call with nothing to observe costs no Python frame.
 RESULT = -1  # a clause's source: the wrapped call's result; i >= 0: the i-th positional argument
 
 
