@@ -11,7 +11,7 @@ in vLLM's step loop; the last level simulated is 2 MiB, a core's share of a shar
 --branch-sim adds 10 x mispredicted branches to the estimate (KCachegrind's full formula).
 
 Run: .venv/bin/python bench/plugin_instructions.py [--pairs 3] [--max-tokens 16,128] [--requests 48]
-     [--cache-sim] [--branch-sim] [--no-chrome] [--keep DIR]
+     [--cache-sim] [--branch-sim] [--mechanics] [--no-chrome] [--keep DIR]
      .venv/bin/python bench/plugin_instructions.py --report DIR [--requests 48]
 Needs Valgrind (Debian: apt-get install valgrind) and a C compiler. Valgrind runs the engine about
 130x slower: a 16-token batch takes about 25 s, a 128-token one about 2 minutes, twice that with
@@ -84,7 +84,7 @@ def child(args) -> None:
     instrumentor = get_instrumentor()
     instrumentor.uninstrument()
     instrumentor.hooks = targets.all_hooks()  # their `every` clause reads the timer set above
-    configs = plugin_overhead.configurations(False)
+    configs = plugin_overhead.configurations(False, mechanics=args.mechanics)
     if args.no_chrome:
         configs = {k: v for k, v in configs.items() if v[1] != "chrome"}
     names = list(configs)
@@ -126,6 +126,7 @@ def run_child(args, out_dir: str) -> None:
            "--pairs", str(args.pairs), "--requests", str(args.requests),
            "--max-tokens", ",".join(map(str, args.max_tokens))]
     cmd += ["--no-chrome"] if args.no_chrome else []
+    cmd += ["--mechanics"] if args.mechanics else []
     # Passive OpenMP threads sleep instead of spinning: a spin loop's instruction count depends
     # on timing, and Valgrind runs one thread at a time. VLLM_CPU_KVCACHE_SPACE as in the tests.
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
@@ -219,6 +220,9 @@ def main() -> None:
                     help="also simulate the caches and report the cycle estimate (about 2x slower)")
     ap.add_argument("--branch-sim", action="store_true",
                     help="also simulate branch prediction; mispredictions join the cycle estimate")
+    ap.add_argument("--mechanics", action="store_true",
+                    help="also count every hook applied with its observer switched off (what the "
+                         "wrappers cost by themselves)")
     ap.add_argument("--no-chrome", action="store_true", help="leave out every range on (chrome)")
     ap.add_argument("--keep", metavar="DIR",
                     help="keep Callgrind's dumps here (one per batch: callgrind_annotate reads them)")
