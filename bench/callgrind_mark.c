@@ -12,5 +12,3 @@ void mark_dump(const char *label) {
     CALLGRIND_DUMP_STATS_AT(label);
     CALLGRIND_STOP_INSTRUMENTATION;
 }
-
-int mark_on_valgrind(void) { return RUNNING_ON_VALGRIND; }

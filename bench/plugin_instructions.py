@@ -61,8 +61,9 @@ def build_marker(out_dir: str) -> str:
     done = subprocess.run([cc, "-O2", "-shared", "-fPIC", str(ROOT / "bench" / "callgrind_mark.c"),
                            "-o", lib], capture_output=True, text=True)
     if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         fail("cannot build bench/callgrind_mark.c (is valgrind's callgrind.h installed? "
-             f"apt-get install valgrind): {done.stderr.strip().splitlines()[-1:]}")
+             f"apt-get install valgrind): {last}")
     return lib
 
 
