@@ -85,9 +85,8 @@ def child(args) -> None:
     instrumentor = get_instrumentor()
     instrumentor.uninstrument()
     instrumentor.hooks = targets.all_hooks()  # their `every` clause reads the timer set above
-    configs = plugin_overhead.configurations(False, mechanics=args.mechanics)
-    if args.no_chrome:
-        configs = {k: v for k, v in configs.items() if v[1] != "chrome"}
+    configs = plugin_overhead.configurations(False, mechanics=args.mechanics,
+                                             chrome=not args.no_chrome)
     names = list(configs)
     batch_no = 0
     with tempfile.TemporaryDirectory() as trace_dir:

@@ -4,7 +4,7 @@ between batches (uninstrument/instrument), so every configuration runs on the sa
 and memory, interleaved (DESIGN §8).
 
 Run: .venv/bin/python bench/plugin_overhead.py [--rounds 12] [--requests 48] [--max-tokens 128,16]
-     [--by-feature] [--mechanics] [--aa] [--runs N] [--raw FILE]
+     [--by-feature [FEATURE,...]] [--mechanics] [--aa] [--no-chrome] [--runs N] [--raw FILE]
      .venv/bin/python bench/plugin_overhead.py --pool RAW_FILE [RAW_FILE ...]
 """
 from __future__ import annotations
@@ -24,20 +24,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 MECHANICS = "observers"  # as "feature left out": every hook applied, every observer switched off
+FEATURES = ("accounting", "metrics", "ranges", "telemetry")  # the hook table's `feature` values
 
 
-def configurations(by_feature: bool, mechanics: bool = False,
-                   aa: bool = False) -> dict[str, tuple[str | None, str]]:
-    """name -> (feature left out, or None for all hooks / "all" for none; tracing spec)."""
+def configurations(by_feature: bool | list[str], mechanics: bool = False, aa: bool = False,
+                   chrome: bool = True) -> dict[str, tuple[str | None, str]]:
+    """name -> (feature left out, or None for all hooks / "all" for none; tracing spec).
+    by_feature: True for every feature, or the features to leave out one at a time."""
     configs = {"without mmscope": ("all", "off"),
-               "mmscope, tracing off": (None, "off"),
-               "mmscope, every range (chrome)": (None, "chrome")}
+               "mmscope, tracing off": (None, "off")}
+    if chrome:
+        configs["mmscope, every range (chrome)"] = (None, "chrome")
     if mechanics:
         configs["hooks applied, observers off"] = (MECHANICS, "off")
     if aa:  # the bare engine against itself: how far a ratio moves with nothing to measure
         configs["without mmscope, again (A/A)"] = ("all", "off")
     if by_feature:
-        for feature in ("accounting", "metrics", "ranges", "telemetry"):
+        for feature in FEATURES if by_feature is True else by_feature:
             configs[f"tracing off, without {feature}"] = (feature, "off")
     return configs
 
@@ -83,13 +86,17 @@ def main() -> None:
                          "by side, each against its own bare batches (default 128,16: the answer "
                          "length of vLLM's own multimodal benchmarks, and a prefill-heavy worst "
                          "case)")
-    ap.add_argument("--by-feature", action="store_true",
-                    help="also time mmscope with one feature's hooks left out")
+    ap.add_argument("--by-feature", type=feature_list, nargs="?", const=True, default=False,
+                    metavar="FEATURE,...",
+                    help="also time mmscope with one feature's hooks left out, for every feature "
+                         f"or for those named ({', '.join(FEATURES)})")
     ap.add_argument("--mechanics", action="store_true",
                     help="also time every hook applied with its observer switched off (what the "
                          "wrappers cost by themselves)")
     ap.add_argument("--aa", action="store_true",
                     help="also time the bare engine a second time: the A/A row is the noise floor")
+    ap.add_argument("--no-chrome", action="store_true",
+                    help="leave out every range on (chrome): more rounds a minute for the others")
     ap.add_argument("--runs", type=int, default=1,
                     help="engine processes, one after another (each has its own memory layout, "
                          "which moves a ratio by more than its rounds' noise)")
@@ -115,7 +122,7 @@ def main() -> None:
     shapes = [str(n) for n in args.max_tokens]
     params = {n: SamplingParams(max_tokens=int(n), temperature=0.0, ignore_eos=True)
               for n in shapes}
-    configs = configurations(args.by_feature, args.mechanics, args.aa)
+    configs = configurations(args.by_feature, args.mechanics, args.aa, not args.no_chrome)
     instrumentor = get_instrumentor()
     times = {n: {name: [] for name in configs} for n in shapes}
     cpu = {n: {name: [] for name in configs} for n in shapes}
@@ -158,7 +165,10 @@ def several_runs(args) -> list[dict]:
                    "--requests", str(args.requests),
                    "--max-tokens", ",".join(str(n) for n in args.max_tokens),
                    "--json", out]
-            cmd += ["--by-feature"] if args.by_feature else []
+            if args.by_feature:
+                cmd += ["--by-feature"] + ([] if args.by_feature is True
+                                           else [",".join(args.by_feature)])
+            cmd += ["--no-chrome"] if args.no_chrome else []
             cmd += ["--mechanics"] if args.mechanics else []
             cmd += ["--aa"] if args.aa else []
             print(f"run {k + 1}/{args.runs}", file=sys.stderr)
@@ -241,6 +251,16 @@ def interval(ratios: list[float], rng: random.Random, n: int = 2000) -> tuple[fl
 
 def quantile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1]
+
+
+def feature_list(text: str) -> list[str]:
+    """--by-feature's optional value: features of the hook table, comma-separated."""
+    features = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = sorted(set(features) - set(FEATURES))
+    if not features or unknown:
+        raise argparse.ArgumentTypeError(f"not a feature: {', '.join(unknown) or repr(text)} "
+                                         f"(features: {', '.join(FEATURES)})")
+    return features
 
 
 def answer_lengths(text: str) -> list[int]:
