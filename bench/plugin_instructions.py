@@ -11,7 +11,7 @@ in vLLM's step loop; the last level simulated is 2 MiB, a core's share of a shar
 --branch-sim adds 10 x mispredicted branches to the estimate (KCachegrind's full formula).
 
 Run: .venv/bin/python bench/plugin_instructions.py [--pairs 3] [--max-tokens 16,128] [--requests 48]
-     [--cache-sim] [--branch-sim] [--mechanics] [--no-chrome] [--keep DIR]
+     [--cache-sim] [--branch-sim] [--mechanics] [--no-chrome] [--settle N] [--keep DIR]
      .venv/bin/python bench/plugin_instructions.py --report DIR [--requests 48]
 Needs Valgrind (Debian: apt-get install valgrind) and a C compiler. Valgrind runs the engine about
 130x slower: a 16-token batch takes about 25 s, a 128-token one about 2 minutes, twice that with
@@ -101,9 +101,13 @@ def child(args) -> None:
             for pair in range(args.pairs):
                 # Rotated each pair: no configuration always runs first or after the same one.
                 for name in names[pair % len(names):] + names[:pair % len(names)]:
+                    plugin_overhead.apply(instrumentor, *configs[name], trace_dir)
+                    for _ in range(args.settle):  # uncounted, as plugin_overhead's --settle
+                        batch_no += 1
+                        llm.generate(plugin_overhead.workload_batch(batch_no, args.requests),
+                                     params, use_tqdm=False)
                     batch_no += 1
                     batch = plugin_overhead.workload_batch(batch_no, args.requests)
-                    plugin_overhead.apply(instrumentor, *configs[name], trace_dir)
                     gc.collect()
                     mark.mark_start()
                     llm.generate(batch, params, use_tqdm=False)
@@ -124,6 +128,7 @@ def run_child(args, out_dir: str) -> None:
            f"--branch-sim={'yes' if args.branch_sim else 'no'}",
            sys.executable, os.path.abspath(__file__), "--child", "--marker", marker,
            "--pairs", str(args.pairs), "--requests", str(args.requests),
+           "--settle", str(args.settle),
            "--max-tokens", ",".join(map(str, args.max_tokens))]
     cmd += ["--no-chrome"] if args.no_chrome else []
     cmd += ["--mechanics"] if args.mechanics else []
@@ -224,6 +229,10 @@ def main() -> None:
                     help="also count every hook applied with its observer switched off (what the "
                          "wrappers cost by themselves)")
     ap.add_argument("--no-chrome", action="store_true", help="leave out every range on (chrome)")
+    ap.add_argument("--settle", type=plugin_overhead.non_negative, default=0,
+                    help="uncounted batches after each switch of configuration (default 0: every "
+                         "counted batch, bare or not, follows a switch, so each pays the same "
+                         "re-specialisation; 2 counts the steady state, as in a server)")
     ap.add_argument("--keep", metavar="DIR",
                     help="keep Callgrind's dumps here (one per batch: callgrind_annotate reads them)")
     ap.add_argument("--report", metavar="DIR",

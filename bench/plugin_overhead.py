@@ -4,7 +4,8 @@ between batches (uninstrument/instrument), so every configuration runs on the sa
 and memory, interleaved (DESIGN §8).
 
 Run: .venv/bin/python bench/plugin_overhead.py [--rounds 12] [--requests 48] [--max-tokens 128,16]
-     [--by-feature [FEATURE,...]] [--mechanics] [--aa] [--no-chrome] [--runs N] [--raw FILE]
+     [--by-feature [FEATURE,...]] [--mechanics] [--aa] [--no-chrome] [--settle 2] [--runs N]
+     [--raw FILE]
      .venv/bin/python bench/plugin_overhead.py --pool RAW_FILE [RAW_FILE ...]
 """
 from __future__ import annotations
@@ -97,6 +98,12 @@ def main() -> None:
                     help="also time the bare engine a second time: the A/A row is the noise floor")
     ap.add_argument("--no-chrome", action="store_true",
                     help="leave out every range on (chrome): more rounds a minute for the others")
+    ap.add_argument("--settle", type=non_negative, default=2,
+                    help="untimed batches after each switch of configuration (default 2). "
+                         "Patching or restoring a class invalidates CPython's specialised "
+                         "instructions on it, and code that runs once a step or once a request "
+                         "takes about two batches to re-specialise; without them every mmscope "
+                         "batch pays that, while in a server the hooks are applied once")
     ap.add_argument("--runs", type=int, default=1,
                     help="engine processes, one after another (each has its own memory layout, "
                          "which moves a ratio by more than its rounds' noise)")
@@ -136,9 +143,13 @@ def main() -> None:
                 # A new order every time: no configuration always follows the same one.
                 random.Random(batch_no).shuffle(order)
                 for c, (name, (left_out, spec)) in order:
+                    apply(instrumentor, left_out, spec, trace_dir)
+                    for _ in range(args.settle):  # untimed, until CPython has re-specialised
+                        batch_no += 1
+                        llm.generate(workload_batch(batch_no, args.requests), params[n],
+                                     use_tqdm=False)
                     batch_no += 1
                     batch = workload_batch(batch_no, args.requests)
-                    apply(instrumentor, left_out, spec, trace_dir)
                     gc.collect()  # no collection debt carried from one configuration to the next
                     t, c = time.perf_counter(), time.process_time()
                     outs = llm.generate(batch, params[n], use_tqdm=False)
@@ -149,7 +160,7 @@ def main() -> None:
         apply(instrumentor, None, "off", trace_dir)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"times": times, "cpu": cpu, "tokens": tokens}, f)
+            json.dump({"times": times, "cpu": cpu, "tokens": tokens, "settle": args.settle}, f)
         return
     for n in shapes:
         report(times[n], cpu[n], tokens[n], int(n), args)
@@ -162,7 +173,7 @@ def several_runs(args) -> list[dict]:
         for k in range(args.runs):
             out = os.path.join(tmp, f"run{k}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "--rounds", str(args.rounds),
-                   "--requests", str(args.requests),
+                   "--requests", str(args.requests), "--settle", str(args.settle),
                    "--max-tokens", ",".join(str(n) for n in args.max_tokens),
                    "--json", out]
             if args.by_feature:
@@ -198,6 +209,8 @@ def read_raw(paths: list[str]) -> list[dict]:
     if len(layouts) != 1:
         raise SystemExit("plugin_overhead: the files are not --raw files of this version, or they "
                          "timed different configurations or answer lengths")
+    if len({r.get("settle", 0) for r in runs}) != 1:  # files from before --settle: 0
+        raise SystemExit("plugin_overhead: the files timed with different --settle values")
     return runs
 
 
@@ -251,6 +264,16 @@ def interval(ratios: list[float], rng: random.Random, n: int = 2000) -> tuple[fl
 
 def quantile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1]
+
+
+def non_negative(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"not a count (an int >= 0): {text!r}")
+    return n
 
 
 def feature_list(text: str) -> list[str]:
