@@ -102,10 +102,8 @@ def child(args) -> None:
                 # Rotated each pair: no configuration always runs first or after the same one.
                 for name in names[pair % len(names):] + names[:pair % len(names)]:
                     plugin_overhead.apply(instrumentor, *configs[name], trace_dir)
-                    for _ in range(args.settle):  # uncounted, as plugin_overhead's --settle
-                        batch_no += 1
-                        llm.generate(plugin_overhead.workload_batch(batch_no, args.requests),
-                                     params, use_tqdm=False)
+                    batch_no = plugin_overhead.settle(llm, params, args.settle, batch_no,
+                                                      args.requests)
                     batch_no += 1
                     batch = plugin_overhead.workload_batch(batch_no, args.requests)
                     gc.collect()

@@ -25,7 +25,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 MECHANICS = "observers"  # as "feature left out": every hook applied, every observer switched off
-FEATURES = ("accounting", "metrics", "ranges", "telemetry")  # the hook table's `feature` values
+
+
+def hook_features() -> tuple[str, ...]:
+    """The hook table's `feature` values (importing the table does not import vLLM)."""
+    from mmscope.vllm import targets
+
+    return tuple(sorted({hook.feature for hook in targets.all_hooks()}))
+
+
+FEATURES = hook_features()
 
 
 def configurations(by_feature: bool | list[str], mechanics: bool = False, aa: bool = False,
@@ -76,6 +85,15 @@ def workload_batch(batch_no: int, requests: int) -> list[dict]:
     base = 100_000 * batch_no
     return [prompt([image(base + (i // 2 if i % 2 else i))], f"Question {i}?")
             for i in range(requests)]
+
+
+def settle(llm, params, batches: int, batch_no: int, requests: int) -> int:
+    """Untimed batches after a switch of configuration, until CPython has re-specialised what the
+    switch invalidated (see --settle); returns the last batch number used."""
+    for _ in range(batches):
+        batch_no += 1
+        llm.generate(workload_batch(batch_no, requests), params, use_tqdm=False)
+    return batch_no
 
 
 def main() -> None:
@@ -144,10 +162,7 @@ def main() -> None:
                 random.Random(batch_no).shuffle(order)
                 for c, (name, (left_out, spec)) in order:
                     apply(instrumentor, left_out, spec, trace_dir)
-                    for _ in range(args.settle):  # untimed, until CPython has re-specialised
-                        batch_no += 1
-                        llm.generate(workload_batch(batch_no, args.requests), params[n],
-                                     use_tqdm=False)
+                    batch_no = settle(llm, params[n], args.settle, batch_no, args.requests)
                     batch_no += 1
                     batch = workload_batch(batch_no, args.requests)
                     gc.collect()  # no collection debt carried from one configuration to the next
