@@ -98,7 +98,8 @@ def settle(llm, params, batches: int, batch_no: int, requests: int) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--rounds", type=at_least_two, default=12,
+                    help="rounds a run (at least 2: the estimators need two batches each)")
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--max-tokens", type=answer_lengths, default=[128, 16],
                     help="tokens generated per request; several (comma-separated) are timed side "
@@ -279,6 +280,16 @@ def interval(ratios: list[float], rng: random.Random, n: int = 2000) -> tuple[fl
 
 def quantile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1]
+
+
+def at_least_two(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"not an int >= 2: {text!r}")
+    return n
 
 
 def non_negative(text: str) -> int:
