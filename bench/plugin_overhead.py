@@ -256,6 +256,14 @@ def report_runs(runs: list[dict], args) -> None:
                 lo, hi = pooled_interval(ratio[n], rng)
                 print(f"  {n:36} {statistics.median(pooled) * 100:+5.1f}% [{lo * 100:+5.1f}, "
                       f"{hi * 100:+5.1f}] (90% interval, runs and rounds resampled)")
+            print(f"{what}, fast tails: per run, the 10th percentile of the batch times against "
+                  f"the bare run's; mean of the {len(runs)} runs:")
+            for n in names[1:]:
+                tails = [quantile(r[clock][shape][n], 0.10) / quantile(r[clock][shape][base], 0.10)
+                         - 1 for r in runs]
+                lo, hi = mean_interval(tails, rng)
+                print(f"  {n:36} {statistics.mean(tails) * 100:+5.1f}% [{lo * 100:+5.1f}, "
+                      f"{hi * 100:+5.1f}] (90% interval, runs resampled)")
 
 
 def pooled_interval(runs: list[list[float]], rng: random.Random) -> tuple[float, float]:
@@ -265,6 +273,12 @@ def pooled_interval(runs: list[list[float]], rng: random.Random) -> tuple[float,
                                      for v in rng.choices(x, k=len(x))])
                   for _ in range(1000))
     return meds[50], meds[949]
+
+
+def mean_interval(values: list[float], rng: random.Random) -> tuple[float, float]:
+    """The mean's 90% bootstrap interval (for one figure per run, such as the fast tails')."""
+    means = sorted(statistics.mean(rng.choices(values, k=len(values))) for _ in range(1000))
+    return means[50], means[949]
 
 
 def paired(ts: list[float], base: list[float]) -> list[float]:
