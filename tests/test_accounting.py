@@ -208,17 +208,3 @@ def test_reserved_with_a_connector_is_a_miss_when_computed_else_a_connector_hit(
     led.propose(item("a", 1, "y"), D.ALLOCATED)  # chunked prefill: counted once
     led.commit_step({"a": 1}, {})
     assert led.drain().queries == 0
-
-
-def test_requests_commit_in_scheduling_order_not_proposal_order():
-    """The engine adapter proposes the step's computed items at the commit, after the hits the
-    scheduler found while visiting; the access log must still read in scheduling order."""
-    lines = []
-    led = EncoderCacheLedger(probe=lambda outcome, it, _: lines.append((it.request_id, outcome)))
-    led.propose(item("b", 0, "x"), D.LOCAL_HIT)
-    led.propose(item("c", 0), D.DEFERRED)  # visited, not scheduled at all
-    led.propose(item("b", 1), D.DEFERRED)
-    led.propose(item("a", 0), D.COMPUTE)  # proposed last, scheduled first
-    led.commit_step({"a": 8, "b": 4}, {"a": [0]})
-    assert lines == [("a", "MISS"), ("b", "HIT"), ("b", "DEFERRED"), ("c", "DEFERRED")]
-    assert not led.proposals

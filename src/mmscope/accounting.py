@@ -120,28 +120,16 @@ class EncoderCacheLedger:
 
     # --- end of a step ------------------------------------------------------------------------
     def commit_step(self, scheduled: set[str] | dict, computed: dict[str, list[int]]) -> None:
-        """`scheduled`: the step's scheduled request ids, in scheduling order (a dict keeps it);
-        `computed`: items the encoder runs. Requests commit in that order, which is the order the
-        access log replays, whatever order their proposals came in; then the unscheduled ones,
-        which can only have deferrals."""
+        """`scheduled`: the step's scheduled request ids; `computed`: items the encoder runs."""
         step_keys, self._keys_allocated_this_step = self._keys_allocated_this_step, set()
-        proposals = self._proposals
-        committed = 0
-        for request_id in scheduled:
-            looked = proposals.get(request_id)
-            if looked is not None:
-                committed += 1
-                self._commit_request(request_id, self._in_item_order(looked),
-                                     set(computed.get(request_id, ())), step_keys)
-        if committed < len(proposals):
-            for request_id, looked in proposals.items():
-                if request_id not in scheduled:
-                    self._count_deferrals(self._in_item_order(looked))
-        proposals.clear()
-
-    @staticmethod
-    def _in_item_order(looked: dict[int, tuple[Item, Decision]]):
-        return [looked[i] for i in sorted(looked)] if len(looked) > 1 else looked.values()
+        for request_id, looked in self._proposals.items():
+            decisions = [looked[i] for i in sorted(looked)] if len(looked) > 1 else looked.values()
+            if request_id in scheduled:
+                self._commit_request(request_id, decisions, set(computed.get(request_id, ())),
+                                     step_keys)
+            else:
+                self._count_deferrals(decisions)
+        self._proposals.clear()
 
     def _commit_request(self, request_id, decisions, computed: set[int], step_keys) -> None:
         done = self._committed[request_id]

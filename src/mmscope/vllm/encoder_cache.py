@@ -98,10 +98,8 @@ def saw_free(manager, request, *args, **kwargs) -> None:
 
 # --- Scheduler: commits and emission ----------------------------------------------------------
 def saw_allocation(scheduler, request, input_ids, duplicate_input_ids=(), *args, **kwargs) -> None:
-    """A request the scheduler reserves space for: the items it computes or loads (input_ids), and
-    the later copies of an item it computes in this step (duplicate_input_ids). Runs only with an
-    EC connector or duplicates (its guard in targets.py); otherwise every reserved item is one the
-    encoder computes, and the commit reads them from the step's output (computed_items)."""
+    """A request the scheduler schedules: space for the items it computes or loads (input_ids),
+    and the later copies of an item it computes in this step (duplicate_input_ids)."""
     manager = scheduler.encoder_cache_manager
     ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
     # Without a connector every reserved item is computed; with one, the step's computed items
@@ -116,30 +114,12 @@ def saw_allocation(scheduler, request, input_ids, duplicate_input_ids=(), *args,
         ledger.propose(_item(request, input_id), Decision.DUPLICATE)
 
 
-def computed_items(ledger, scheduler, computed: dict[str, list[int]]) -> None:
-    """The step's computed items as COMPUTE proposals, in place of one allocation call per request
-    (without a connector the scheduler reserves space for exactly these). Re-proposing an item
-    saw_allocation already proposed changes nothing."""
-    requests = scheduler.requests
-    for request_id, input_ids in computed.items():
-        request = requests.get(request_id)
-        if request is None:
-            continue
-        for input_id in input_ids:
-            item = _item(request, input_id)
-            ledger.allocated(item.key)
-            ledger.propose(item, Decision.COMPUTE)
-
-
 def saw_schedule(output, scheduler, *args, **kwargs) -> None:
     """The step's outcome commits the proposals. Runs only on steps that proposed, allocated,
     computed or evicted something (its guard in targets.py); decode-only steps skip it."""
     manager = scheduler.encoder_cache_manager
-    ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
-    computed = output.scheduled_encoder_inputs
-    if computed and getattr(scheduler, "ec_connector", None) is None:
-        computed_items(ledger, scheduler, computed)
-    ledger.commit_step(output.num_scheduled_tokens, computed)
+    ledger = ledger_of(manager)
+    ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)
     # The entries schedule() evicted for room this step (get_freed_mm_hashes() drains them into
     # the output); read here rather than by one more hook per step.
     freed = getattr(output, "free_encoder_mm_hashes", None)  # a missing field costs evictions only

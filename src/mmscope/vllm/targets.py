@@ -34,10 +34,7 @@ def accounting_hooks() -> list[Hook]:
              observe_before(ec.saw_free), "accounting", "EngineCore"),
         Hook("scheduler.allocate", f"{SCHED}._allocate_encoder_inputs",
              ("self", "request", "input_ids", "duplicate_input_ids"),
-             observe_before(ec.saw_allocation, when=(
-                 any_set(0, "ec_connector"),  # reserved items may be loaded, not computed
-                 truthy(3))),  # duplicate_input_ids: copies of an item computed in this step
-             "accounting", "EngineCore"),
+             observe_before(ec.saw_allocation), "accounting", "EngineCore"),
         Hook("scheduler.commit", f"{SCHED}.schedule", ("self",),
              observe_after(ec.saw_schedule, when=(
                  any_set(RESULT, "scheduled_encoder_inputs", "free_encoder_mm_hashes"),
