@@ -261,7 +261,7 @@ def report_runs(runs: list[dict], args) -> None:
             for n in names[1:]:
                 tails = [quantile(r[clock][shape][n], 0.10) / quantile(r[clock][shape][base], 0.10)
                          - 1 for r in runs]
-                lo, hi = mean_interval(tails, rng)
+                lo, hi = interval(tails, rng, statistic=statistics.mean)
                 print(f"  {n:36} {statistics.mean(tails) * 100:+5.1f}% [{lo * 100:+5.1f}, "
                       f"{hi * 100:+5.1f}] (90% interval, runs resampled)")
 
@@ -275,21 +275,17 @@ def pooled_interval(runs: list[list[float]], rng: random.Random) -> tuple[float,
     return meds[50], meds[949]
 
 
-def mean_interval(values: list[float], rng: random.Random) -> tuple[float, float]:
-    """The mean's 90% bootstrap interval (for one figure per run, such as the fast tails')."""
-    means = sorted(statistics.mean(rng.choices(values, k=len(values))) for _ in range(1000))
-    return means[50], means[949]
-
-
 def paired(ts: list[float], base: list[float]) -> list[float]:
     """Per-round ratios to the bare run of the same round: slow drifts of the machine cancel."""
     return [t / b - 1 for t, b in zip(ts, base)]
 
 
-def interval(ratios: list[float], rng: random.Random, n: int = 2000) -> tuple[float, float]:
-    """A 90% bootstrap interval of the median ratio: how far the figure could move by chance."""
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
-    return meds[int(0.05 * n)], meds[int(0.95 * n)]
+def interval(ratios: list[float], rng: random.Random, n: int = 2000,
+             statistic=statistics.median) -> tuple[float, float]:
+    """A 90% bootstrap interval of the median ratio (or of another statistic, such as the mean of
+    the runs' fast tails): how far the figure could move by chance."""
+    stats = sorted(statistic(rng.choices(ratios, k=len(ratios))) for _ in range(n))
+    return stats[int(0.05 * n)], stats[int(0.95 * n)]
 
 
 def quantile(values: list[float], q: float) -> float:
