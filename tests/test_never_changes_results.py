@@ -22,10 +22,13 @@ def run(model, *args, env=None):
     return json.loads(line[len("RESULT "):])
 
 
-def test_same_tokens_without_plugin_with_every_range_and_with_a_hook_failing(tiny_model,
-                                                                             tmp_path):
-    bare = run(tiny_model, env={"MMSCOPE_DISABLE": "1"})
-    traced = run(tiny_model, env={"MMSCOPE_TRACE": "chrome", "MMSCOPE_TRACE_DIR": str(tmp_path)})
+def test_same_tokens_and_vllm_timing_without_plugin_with_every_range_and_a_hook_failing(
+        tiny_model, tmp_path):
+    # With vLLM's own processor timing on, mmscope's stage timer nests it; with it off (the
+    # broken run), mmscope's timer stands in for vLLM's no-op one: either way, the same tokens.
+    bare = run(tiny_model, "vllm-stats", env={"MMSCOPE_DISABLE": "1"})
+    traced = run(tiny_model, "vllm-stats",
+                 env={"MMSCOPE_TRACE": "chrome", "MMSCOPE_TRACE_DIR": str(tmp_path)})
     broken = run(tiny_model, "break")
     assert bare["hooks"] == {h: "not applied" for h in bare["hooks"]}
     # The worker's stage hooks retire: the scheduler shares the process and takes the durations.
@@ -34,6 +37,10 @@ def test_same_tokens_without_plugin_with_every_range_and_with_a_hook_failing(tin
     assert {s for h, s in traced["hooks"].items() if h not in retired} == {"applied"}
     assert os.listdir(tmp_path)
     assert traced["tokens"] == bare["tokens"]
+    # vLLM's per-request processor stages, each timed (> 0), are the same with mmscope on.
+    assert bare["vllm_stages"] and traced["vllm_stages"] == bare["vllm_stages"]
+    assert all(all(d.values()) for d in bare["vllm_stages"])
+    assert broken["vllm_stages"] == []
     assert broken["tokens"] == bare["tokens"]
     off = {h: s for h, s in broken["hooks"].items() if s.startswith("off after error")}
     assert off, broken["hooks"]

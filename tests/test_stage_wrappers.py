@@ -85,6 +85,49 @@ def test_processor_stages_are_timed_under_their_range_names(wrappers, tmp_path):
     assert len(FRONTEND.drain()[stages.processor_range("hf_processor")]) == 1
 
 
+class QuietTiming(Timing):  # vLLM's TimingContext with its own timing off
+    enabled = False
+
+
+def test_with_vllm_timing_off_the_stage_timer_stands_in_for_its_no_op_block(wrappers):
+    state = patching.HookState("test.processor")
+    record = ranges.processor_stage_ranged(Timing.record, state)
+    timing = QuietTiming()
+    for _ in range(2):  # the Python road names the stage, then C
+        with record(timing, "hf_processor") as block:
+            assert block is None  # what vLLM's disabled record() yields
+    with pytest.raises(KeyError, match="inside vLLM's block"):
+        with record(timing, "hf_processor"):
+            raise KeyError("inside vLLM's block")
+    assert timing.seen == []  # vLLM's no-op context manager was never built
+    assert len(FRONTEND.drain()[stages.processor_range("hf_processor")]) == 3
+    assert state.enabled
+
+
+@pytest.mark.parametrize("vllm_timing", [True, False])
+def test_vllm_timing_context_keeps_its_own_figures_under_the_stage_timer(wrappers, vllm_timing):
+    from vllm.multimodal.processing.context import TimingContext
+
+    record = ranges.processor_stage_ranged(TimingContext.record, patching.HookState("test.t"))
+    timing = TimingContext(enabled=vllm_timing)
+    for stage in ("get_mm_hashes", "apply_hf_processor", "apply_hf_processor"):
+        with record(timing, stage):
+            sum(range(1000))
+    with pytest.raises(ValueError):
+        with record(timing, "apply_prompt_updates"):
+            raise ValueError("vLLM's own error")
+    stage_names = ["get_mm_hashes", "apply_hf_processor", "apply_prompt_updates"]
+    if vllm_timing:  # vLLM's own figures, as without mmscope (the failed block counted too)
+        assert sorted(timing.stage_secs) == sorted(stage_names)
+        assert all(s > 0 for s in timing.stage_secs.values())
+    else:
+        assert timing.stage_secs == {}
+    durations = FRONTEND.drain()
+    assert {k: len(v) for k, v in durations.items()} == {
+        stages.processor_range("get_mm_hashes"): 1, stages.processor_range("apply_hf_processor"): 2,
+        stages.processor_range("apply_prompt_updates"): 1}
+
+
 class ModelRunner:  # vLLM's GPUModelRunner.timed_encoder_operation: a context manager
     @contextlib.contextmanager
     def timed_encoder_operation(self, should_time, group_lora_refs, current_item_idx, num_items):

@@ -23,7 +23,10 @@
  *   type of the one keyword argument not in `not_items` (name: dict type -> range name); any other
  *   call (several items, a type not yet named) takes `slow`, the Python wrapper, which names it.
  * RANGED_CM: the original returns a context manager; it is handed back inside a TimedCM that
- *   times the block and calls observe(names[args[1]], ns) on exit.
+ *   times the block and calls observe(names[args[1]], ns) on exit. With `noop_unless` (an
+ *   attribute name), the original is not called while args[0].<noop_unless> is false: its context
+ *   manager is then a no-op (vLLM's TimingContext.record with timing off), and the TimedCM stands
+ *   in for it alone instead of nesting a second context manager inside.
  * While tracing is on (`switch.on`), TIMED and RANGED_CM also open a span from tracing's current
  * factory (`switch._span_factory`); RANGED_CM hands a stage not yet in `names` to `slow` (the
  * Python wrapper, which names it). */
@@ -59,12 +62,14 @@ typedef struct {
     PyObject *switch_;/* an object whose `on` says whether tracing is on */
     PyObject *store;  /* TIMED, RANGED_CM: the collector's live dict stage -> [ns]; optional */
     Py_ssize_t limit; /* the bound per stage: at it, `observe` (record) decides (and counts) */
+    PyObject *noop_unless; /* RANGED_CM: args[0]'s attribute that, false, makes the original a
+                              no-op; NULL: always call it */
 } Wrapper;
 
 /* A context manager timed in C: vLLM's processor-stage block, once per stage per request. */
 typedef struct {
     PyObject_HEAD
-    PyObject *inner;
+    PyObject *inner; /* vLLM's context manager, or NULL where it would be a no-op */
     PyObject *name;
     PyObject *span;  /* the tracing span around the block, or NULL while tracing is off */
     PyObject *owner; /* the Wrapper: its observe records, its state turns off on our error */
@@ -436,6 +441,23 @@ static PyObject *timed_by_item_call(Wrapper *w, PyObject *const *args, size_t na
 
 static PyTypeObject TimedCMType;
 
+/* Whether `self.<noop_unless>` is false, so that the original would hand back a context manager
+ * that does nothing; any doubt (no such attribute, a failing truth test) calls the original. */
+static int original_is_noop(Wrapper *w, PyObject *self) {
+    if (w->noop_unless == NULL)
+        return 0;
+    PyObject *v;
+    if (_PyObject_LookupAttr(self, w->noop_unless, &v) <= 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int on = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (on < 0)
+        PyErr_Clear();
+    return on == 0;
+}
+
 static PyObject *ranged_cm_call(Wrapper *w, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -447,9 +469,12 @@ static PyObject *ranged_cm_call(Wrapper *w, PyObject *const *args, size_t nargsf
             PyErr_Clear();
         return PyObject_Vectorcall(w->slow, args, nargsf, kwnames);
     }
-    PyObject *inner = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
-    if (inner == NULL)
-        return NULL;
+    PyObject *inner = NULL;
+    if (!original_is_noop(w, args[0])) {
+        inner = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+        if (inner == NULL)
+            return NULL;
+    }
     PyObject *span = new_span(w, name);
     if (span == NULL && PyErr_Occurred() && our_error(w) < 0) {
         Py_DECREF(inner);
@@ -459,7 +484,7 @@ static PyObject *ranged_cm_call(Wrapper *w, PyObject *const *args, size_t nargsf
     if (cm == NULL) {
         PyErr_Clear(); /* no wrapper then: vLLM's context manager as it is */
         Py_XDECREF(span);
-        return inner;
+        return inner ? inner : PyObject_Vectorcall(w->original, args, nargsf, kwnames);
     }
     cm->inner = inner;
     Py_INCREF(name);
@@ -492,6 +517,8 @@ static PyObject *timedcm_enter(TimedCM *cm, PyObject *noargs) {
     }
     cm->t0 = now_ns();
     cm->entered = 1;
+    if (cm->inner == NULL)
+        Py_RETURN_NONE; /* what vLLM's no-op block yields */
     PyObject *r = PyObject_CallMethodNoArgs(cm->inner, s_enter);
     if (r == NULL)
         timedcm_record(cm); /* vLLM's exception stays the one raised */
@@ -502,7 +529,13 @@ static PyObject *timedcm_exit(TimedCM *cm, PyObject *const *args, Py_ssize_t nar
     PyObject *argv[4] = {cm->inner, Py_None, Py_None, Py_None};
     for (Py_ssize_t i = 0; i < nargs && i < 3; i++)
         argv[i + 1] = args[i];
-    PyObject *r = PyObject_VectorcallMethod(s_exit, argv, 4, NULL);
+    PyObject *r; /* a no-op's exit: False, the block's exception propagates */
+    if (cm->inner == NULL) {
+        r = Py_False;
+        Py_INCREF(r);
+    } else {
+        r = PyObject_VectorcallMethod(s_exit, argv, 4, NULL);
+    }
     if (cm->entered && timedcm_record(cm) < 0) {
         Py_XDECREF(r);
         return NULL;
@@ -591,6 +624,7 @@ static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
     Py_VISIT(w->not_items);
     Py_VISIT(w->switch_);
     Py_VISIT(w->store);
+    Py_VISIT(w->noop_unless);
     return 0;
 }
 
@@ -604,6 +638,7 @@ static int wrapper_clear(Wrapper *w) {
     Py_CLEAR(w->not_items);
     Py_CLEAR(w->switch_);
     Py_CLEAR(w->store);
+    Py_CLEAR(w->noop_unless);
     return 0;
 }
 
@@ -616,14 +651,14 @@ static void wrapper_dealloc(Wrapper *w) {
 
 static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *original, *observe, *state, *when = NULL, *name = NULL, *slow = NULL,
-             *switch_ = NULL, *store = NULL, *not_items = NULL;
+             *switch_ = NULL, *store = NULL, *not_items = NULL, *noop_unless = NULL;
     Py_ssize_t limit = PY_SSIZE_T_MAX;
     int mode;
     static char *kw[] = {"original", "observe", "state", "mode", "when", "name", "slow", "switch",
-                         "store", "limit", "not_items", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|OOOOO!nO!", kw, &original, &observe,
+                         "store", "limit", "not_items", "noop_unless", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOi|OOOOO!nO!U", kw, &original, &observe,
                                      &state, &mode, &when, &name, &slow, &switch_, &PyDict_Type,
-                                     &store, &limit, &PyFrozenSet_Type, &not_items))
+                                     &store, &limit, &PyFrozenSet_Type, &not_items, &noop_unless))
         return NULL;
     if (mode < MODE_AFTER || mode > MODE_TIMED_BY_ITEM) {
         PyErr_SetString(PyExc_ValueError, "unknown mode");
@@ -666,6 +701,11 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     Py_XINCREF(store);
     w->store = store;
     w->limit = limit;
+    if (noop_unless != NULL) {
+        Py_INCREF(noop_unless);
+        PyUnicode_InternInPlace(&noop_unless);
+        w->noop_unless = noop_unless;
+    }
     if (parse_clauses(w, when) < 0) {
         Py_DECREF(w);
         return NULL;
