@@ -78,6 +78,8 @@ def range_hooks() -> list[Hook]:
     return [
         Hook("ranges.hash", "vllm.multimodal.hasher:MultiModalHasher.hash_kwargs",
              ("cls", "algorithm"), rg.hash_kwargs_ranged, "ranges", "API server"),
+        # With `enabled` false, 0.32's record() only yields; the stage timer then stands in for it
+        # (ranges.processor_stage_ranged): check that on the next release.
         Hook("ranges.processor_stages", "vllm.multimodal.processing.context:TimingContext.record",
              ("self", "stage"), rg.processor_stage_ranged, "ranges", "API server"),
         Hook("ranges.vit_forward", f"{RUNNER}.timed_encoder_operation",
