@@ -477,7 +477,7 @@ static PyObject *ranged_cm_call(Wrapper *w, PyObject *const *args, size_t nargsf
     }
     PyObject *span = new_span(w, name);
     if (span == NULL && PyErr_Occurred() && our_error(w) < 0) {
-        Py_DECREF(inner);
+        Py_XDECREF(inner);
         return NULL;
     }
     TimedCM *cm = PyObject_New(TimedCM, &TimedCMType);
