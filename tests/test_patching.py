@@ -13,7 +13,7 @@ import pytest
 from mmscope.vllm import patching
 from mmscope.vllm.patching import (APPLIED, MISMATCH, MISSING, RESULT, Hook, all_clear, any_set,
                                    every, falsy, observe_after, observe_around, observe_before,
-                                   truthy)
+                                   param, truthy)
 
 
 @pytest.fixture(autouse=True)
@@ -180,6 +180,24 @@ def test_the_when_guard_calls_the_observer_only_when_a_clause_holds(wrapper_road
         idle.step(NS(tag="dry", work=0))  # every listed attribute empty
         Owner.step(busy, stats=NS(tag="keyword", work=0))  # fewer positionals: observer decides
         assert calls == ["work", "news", "dry", "keyword"]
+    finally:
+        h.revert()
+
+
+def test_a_clause_with_a_parameter_name_reads_it_passed_by_keyword(wrapper_road):
+    # vLLM calls StatLoggerManager.record with keyword arguments only.
+    h, calls = guarded_step("test.guard_kw", (any_set(param(1, "stats"), "news"),
+                                              any_set(param(2, "flag"), "up")))
+    try:
+        owner = Owner()
+        owner.step(stats=NS(tag="quiet", work=0))  # flag omitted: None, whose `up` is missing
+        owner.step(stats=NS(tag="news", work=0, news=True))
+        owner.step(NS(tag="positional", work=0, news=True))
+        owner.step(flag=NS(up=True), stats=NS(tag="flag", work=0))  # any keyword order
+        owner.step(stats=NS(tag="flag down", work=0), flag=NS(up=False))
+        Owner.step(owner, NS(tag="unbound", work=0, news=1))
+        Owner.step(flag=None, self=owner, stats=NS(tag="all by keyword", work=0))
+        assert calls == ["news", "positional", "flag", "unbound"]
     finally:
         h.revert()
 

@@ -3,6 +3,7 @@ the API server's PrometheusStatLogger hook does with each SchedulerStats that ca
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace as NS
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -59,3 +60,26 @@ def test_a_gauge_goes_back_to_zero_and_unknown_keys_or_engines_are_ignored():
     assert s[("vllm:encoder_cache_usage_embeds", None)] == 0
     assert s[("vllm:encoder_cache_queries_total", None)] == 0
     assert s[("vllm:encoder_cache_hits_total", None)] == 0
+
+
+def test_the_manager_hook_feeds_every_logger_of_vllms_manager():
+    """StatLoggerManager.record's observer: our series on the Prometheus logger, and a hit-rate
+    window on each logging logger, per engine behind vLLM's adapter or aggregated."""
+    from vllm.v1.metrics.loggers import (AggregatedLoggingStatLogger, LoggingStatLogger,
+                                         PerEngineStatLoggerAdapter)
+
+    registry, prom = _prom()
+    prometheus_logger = NS(_mmscope_prom=prom)
+    per_engine = {0: object.__new__(LoggingStatLogger), 1: object.__new__(LoggingStatLogger)}
+    adapter = object.__new__(PerEngineStatLoggerAdapter)
+    adapter.per_engine_stat_loggers = per_engine
+    aggregated = object.__new__(AggregatedLoggingStatLogger)
+    manager = NS(stat_loggers=[adapter, aggregated, prometheus_logger, NS()])  # NS(): a custom one
+    wire = _wire((0, Decision.COMPUTE, "image"), (1, Decision.LOCAL_HIT, "image"))
+    sl.stats_recorded(None, manager, scheduler_stats=NS(encoder_cache_stats=wire,
+                                                        mm_stage_durations=None),
+                      iteration_stats=None, mm_cache_stats=None)  # engine_idx omitted: 0
+    assert _samples(registry)[("vllm:encoder_cache_hits_total", None)] == 1
+    assert per_engine[0]._mmscope_window.hit_rate == 0.5
+    assert aggregated._mmscope_window.hit_rate == 0.5
+    assert "_mmscope_window" not in vars(per_engine[1])  # another engine's logger

@@ -38,6 +38,7 @@ enum {
  * any clause holds, so quiet steps cost no Python call at all. */
 typedef struct {
     int source;       /* -1: the result; i >= 0: the i-th positional argument */
+    PyObject *kwname; /* source's parameter name, for a call that passes it by keyword; or NULL */
     PyObject *via;    /* read the attributes of source.via instead; NULL: of source itself */
     PyObject *attrs;  /* tuple of interned attribute names; NULL for a timer clause */
     int want_any;     /* 1: some attribute truthy; 0: every attribute falsy (or missing) */
@@ -140,7 +141,30 @@ static int attr_truth(PyObject *obj, PyObject *name) {
     return t;
 }
 
-static int guard_passes(Wrapper *w, PyObject *result, PyObject *const *args, Py_ssize_t nargs) {
+/* The argument a clause reads: positional, else passed by keyword under the clause's name, else
+ * (named but omitted) None, as a default would be; NULL: an unnamed source the call lacks. */
+static PyObject *clause_arg(Clause *c, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames) {
+    if (c->source < nargs)
+        return args[c->source];
+    if (c->kwname == NULL)
+        return NULL;
+    if (kwnames == NULL)
+        return Py_None;
+    Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t j = 0; j < nkw; j++) { /* call sites' names are interned: pointers first */
+        if (PyTuple_GET_ITEM(kwnames, j) == c->kwname)
+            return args[nargs + j];
+    }
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, j), c->kwname) == 0)
+            return args[nargs + j];
+    }
+    return Py_None;
+}
+
+static int guard_passes(Wrapper *w, PyObject *result, PyObject *const *args, Py_ssize_t nargs,
+                        PyObject *kwnames) {
     if (w->nclauses == 0)
         return 1;
     for (Py_ssize_t i = 0; i < w->nclauses; i++) {
@@ -153,7 +177,7 @@ static int guard_passes(Wrapper *w, PyObject *result, PyObject *const *args, Py_
             }
             continue;
         }
-        PyObject *obj = c->source < 0 ? result : (c->source < nargs ? args[c->source] : NULL);
+        PyObject *obj = c->source < 0 ? result : clause_arg(c, args, nargs, kwnames);
         if (obj == NULL)
             return 1; /* called in an unusual way: the observer decides */
         PyObject *owner = NULL; /* source.via, while read */
@@ -204,14 +228,16 @@ static void free_clauses(Wrapper *w) {
     for (Py_ssize_t i = 0; i < w->nclauses; i++) {
         Py_CLEAR(w->clauses[i].attrs);
         Py_CLEAR(w->clauses[i].via);
+        Py_CLEAR(w->clauses[i].kwname);
     }
     PyMem_Free(w->clauses);
     w->clauses = NULL;
     w->nclauses = 0;
 }
 
-/* `when`: a tuple of clauses, each (source, (attr, ...), want_any[, via]) or (seconds,); with no
- * attributes, the clause reads the truth of source (or source.via) itself. */
+/* `when`: a tuple of clauses, each (source, (attr, ...), want_any[, via[, name]]) or
+ * (seconds,); with no attributes, the clause reads the truth of source (or source.via) itself;
+ * name: source's parameter name, for calls that pass it by keyword. */
 static int parse_clauses(Wrapper *w, PyObject *when) {
     if (when == NULL || when == Py_None)
         return 0;
@@ -236,17 +262,18 @@ static int parse_clauses(Wrapper *w, PyObject *when) {
                 return -1;
             continue;
         }
-        PyObject *attrs, *via = Py_None;
+        PyObject *attrs, *via = Py_None, *kwname = Py_None;
         int source, want_any;
-        if (!PyTuple_Check(c) || !PyArg_ParseTuple(c, "iO!p|O", &source, &PyTuple_Type, &attrs,
-                                                   &want_any, &via)) {
+        if (!PyTuple_Check(c) || !PyArg_ParseTuple(c, "iO!p|OO", &source, &PyTuple_Type, &attrs,
+                                                   &want_any, &via, &kwname)) {
             if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError,
-                                "a clause is (source, attrs, want_any[, via]) or (seconds,)");
+                PyErr_SetString(PyExc_TypeError, "a clause is (source, attrs, want_any[, via[, "
+                                "name]]) or (seconds,)");
             return -1;
         }
-        if (via != Py_None && !PyUnicode_Check(via)) {
-            PyErr_SetString(PyExc_TypeError, "via must be an attribute name or None");
+        if ((via != Py_None && !PyUnicode_Check(via)) ||
+            (kwname != Py_None && !PyUnicode_Check(kwname))) {
+            PyErr_SetString(PyExc_TypeError, "via and name must be str or None");
             return -1;
         }
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attrs); k++) {
@@ -260,6 +287,11 @@ static int parse_clauses(Wrapper *w, PyObject *when) {
         if (via != Py_None) {
             Py_INCREF(via);
             out->via = via;
+        }
+        if (kwname != Py_None) {
+            Py_INCREF(kwname);
+            PyUnicode_InternInPlace(&kwname);
+            out->kwname = kwname;
         }
         out->source = source;
         out->want_any = want_any;
@@ -578,7 +610,8 @@ static PyObject *wrapper_call(PyObject *self, PyObject *const *args, size_t narg
         return ranged_cm_call(w, args, nargsf, kwnames);
     if (w->mode == MODE_AFTER) {
         PyObject *result = PyObject_Vectorcall(w->original, args, nargsf, kwnames);
-        if (result == NULL || !guard_passes(w, result, args, PyVectorcall_NARGS(nargsf)) ||
+        if (result == NULL ||
+            !guard_passes(w, result, args, PyVectorcall_NARGS(nargsf), kwnames) ||
             !state_enabled(w))
             return result;
         PyObject *r = call_observer(w, result, args, nargsf, kwnames);
@@ -590,7 +623,7 @@ static PyObject *wrapper_call(PyObject *self, PyObject *const *args, size_t narg
         return result;
     }
     /* MODE_BEFORE */
-    if (guard_passes(w, NULL, args, PyVectorcall_NARGS(nargsf)) && state_enabled(w)) {
+    if (guard_passes(w, NULL, args, PyVectorcall_NARGS(nargsf), kwnames) && state_enabled(w)) {
         PyObject *r = call_observer(w, NULL, args, nargsf, kwnames);
         if (r == NULL && our_error(w) < 0)
             return NULL;

@@ -157,27 +157,39 @@ if PY_ONLY:
 # A tuple of clauses; the observer runs when any holds. The clauses only read what vLLM has just
 # returned or set (or our own flags), so a call with nothing to observe costs no Python frame.
 RESULT = -1  # a clause's source: the wrapped call's result; i >= 0: the i-th positional argument
+Source = int | tuple[int, str]  # a positional index, or param(index, name)
 
 
-def any_set(source: int, *attrs: str, via: str | None = None) -> tuple:
+def param(index: int, name: str) -> tuple[int, str]:
+    """A clause's source for a parameter that callers may pass by keyword: the index-th
+    positional argument, or the keyword argument `name`, or None where the call omits it."""
+    return (index, name)
+
+
+def _clause(source, attrs: tuple, want_any: bool, via: str | None) -> tuple:
+    index, name = source if isinstance(source, tuple) else (source, None)
+    return (index, attrs, want_any, via, name)
+
+
+def any_set(source: Source, *attrs: str, via: str | None = None) -> tuple:
     """Some of source's attributes (of `source.via`'s, with via) is truthy (a missing one counts
     as false)."""
-    return (source, attrs, True, via)
+    return _clause(source, attrs, True, via)
 
 
-def all_clear(source: int, *attrs: str, via: str | None = None) -> tuple:
+def all_clear(source: Source, *attrs: str, via: str | None = None) -> tuple:
     """None of source's attributes (of `source.via`'s, with via) is truthy."""
-    return (source, attrs, False, via)
+    return _clause(source, attrs, False, via)
 
 
-def truthy(source: int) -> tuple:
+def truthy(source: Source) -> tuple:
     """Source itself is truthy (e.g. the result of a yes/no call whose no needs no observer)."""
-    return (source, (), True, None)
+    return _clause(source, (), True, None)
 
 
-def falsy(source: int) -> tuple:
+def falsy(source: Source) -> tuple:
     """Source itself is falsy."""
-    return (source, (), False, None)
+    return _clause(source, (), False, None)
 
 
 def every(seconds: float) -> tuple:
@@ -185,7 +197,8 @@ def every(seconds: float) -> tuple:
     return (float(seconds),)
 
 
-def guard_passes(when: tuple, timers: list[float], result, args: tuple) -> bool:
+def guard_passes(when: tuple, timers: list[float], result, args: tuple,
+                 kwargs: dict | None = None) -> bool:
     """The Python twin of _wrappers.c's guard_passes (the fallback and the reference)."""
     for i, clause in enumerate(when):
         if len(clause) == 1:
@@ -194,10 +207,15 @@ def guard_passes(when: tuple, timers: list[float], result, args: tuple) -> bool:
                 timers[i] = now
                 return True
             continue
-        source, attrs, want_any, via = clause
-        if source >= len(args):
+        source, attrs, want_any, via, name = clause
+        if source == RESULT:
+            obj = result
+        elif source < len(args):
+            obj = args[source]
+        elif name is not None:
+            obj = (kwargs or {}).get(name)  # by keyword, or omitted: None, as a default would be
+        else:
             return True  # an unusual call: the observer decides
-        obj = result if source == RESULT else args[source]
         try:
             if via is not None:
                 obj = getattr(obj, via, None)  # missing: so is each of its attributes
@@ -236,7 +254,7 @@ def observe_after(observe: Callable, when: tuple = ()) -> Callable[[Callable, Ho
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
             result = original(*args, **kwargs)
-            if state.enabled and (not when or guard_passes(when, timers, result, args)):
+            if state.enabled and (not when or guard_passes(when, timers, result, args, kwargs)):
                 try:
                     observe(result, *args, **kwargs)
                 except Exception as e:  # noqa: BLE001 - instrumentation must not take vLLM down
@@ -258,7 +276,7 @@ def observe_before(observe: Callable, when: tuple = ()) -> Callable[[Callable, H
 
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
-            if state.enabled and (not when or guard_passes(when, timers, None, args)):
+            if state.enabled and (not when or guard_passes(when, timers, None, args, kwargs)):
                 try:
                     observe(*args, **kwargs)
                 except Exception as e:  # noqa: BLE001

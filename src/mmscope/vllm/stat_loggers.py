@@ -178,19 +178,41 @@ def _mutex_value() -> type:
     return MutexValue
 
 
-# --- PrometheusStatLogger hooks ---------------------------------------------------------------
+# --- StatLoggerManager.record: every logger of the step, one hook -----------------------------
+def stats_recorded(result, manager, scheduler_stats, iteration_stats=None, mm_cache_stats=None,
+                   engine_idx: int | None = None) -> None:
+    """Runs only for stats that carry our fields (its guard in targets.py), once every logger of
+    vLLM's manager has recorded them: the Prometheus logger gets our series, each logging logger
+    its hit-rate window. One wrapper on the manager rather than one per logger class: record() is
+    called every step, and each wrapped call costs a few microseconds in place."""
+    engine_idx = 0 if engine_idx is None else engine_idx
+    for stat_logger in manager.stat_loggers:
+        if getattr(stat_logger, "_mmscope_prom", None) is not None:
+            to_prometheus(stat_logger._mmscope_prom, scheduler_stats, engine_idx)
+            continue
+        per_engine = getattr(stat_logger, "per_engine_stat_loggers", None)  # vLLM's adapter
+        if per_engine is not None:
+            stat_logger = per_engine.get(engine_idx)
+        if isinstance(stat_logger, _logging_stat_logger()):
+            to_hit_rate_window(stat_logger, scheduler_stats)
+
+
+@functools.cache
+def _logging_stat_logger() -> type:
+    from vllm.v1.metrics.loggers import LoggingStatLogger
+    return LoggingStatLogger
+
+
+# --- PrometheusStatLogger: our series beside vLLM's -------------------------------------------
 def prom_created(result, prom_logger, *args, **kwargs) -> None:
     prom_logger._mmscope_prom = EncoderCacheProm(
         prom_logger._counter_cls, prom_logger._gauge_cls, prom_logger._histogram_cls,
         prom_logger.per_engine_labelvalues)
 
 
-def prom_recorded(result, prom_logger, scheduler_stats, iteration_stats=None,
-                  mm_cache_stats=None, engine_idx: int = 0) -> None:
-    """Runs only for stats that carry our fields (its guard in targets.py). API-server stages,
-    timed in this process, go out with the worker's batch."""
-    prom = getattr(prom_logger, "_mmscope_prom", None)
-    if prom is None or scheduler_stats is None:
+def to_prometheus(prom: EncoderCacheProm, scheduler_stats, engine_idx: int) -> None:
+    """API-server stages, timed in this process, go out with the worker's batch."""
+    if scheduler_stats is None:
         return
     wire = wire_of(scheduler_stats)
     if wire:
@@ -200,9 +222,8 @@ def prom_recorded(result, prom_logger, scheduler_stats, iteration_stats=None,
         prom.observe_stages(merge(FRONTEND.drain(), worker), engine_idx)
 
 
-# --- LoggingStatLogger hooks: the windowed rate and the log-line suffix -----------------------
-def log_recorded(result, log_logger, scheduler_stats, iteration_stats=None,
-                 mm_cache_stats=None, engine_idx: int = 0) -> None:
+# --- LoggingStatLogger: the windowed rate and the log-line suffix -----------------------------
+def to_hit_rate_window(log_logger, scheduler_stats) -> None:
     wire = wire_of(scheduler_stats)
     if not wire or not wire.get("queries"):
         return

@@ -9,7 +9,7 @@ from mmscope.vllm import encoder_cache as ec
 from mmscope.vllm import ranges as rg
 from mmscope.vllm import stat_loggers as sl
 from mmscope.vllm.patching import (RESULT, Hook, all_clear, any_set, every, falsy, observe_after,
-                                   observe_around, observe_before, truthy)
+                                   observe_around, observe_before, param, truthy)
 
 SUPPORTED_VLLM = ">=0.32,<0.33"
 
@@ -61,12 +61,10 @@ def metrics_hooks() -> list[Hook]:
         Hook("prometheus.create", f"{LOGGERS}:PrometheusStatLogger.__init__",
              ("self", "vllm_config", "engine_indexes"), observe_after(sl.prom_created),
              "metrics", "API server"),
-        Hook("prometheus.record", f"{LOGGERS}:PrometheusStatLogger.record", record,
-             observe_after(sl.prom_recorded, when=(
-                 any_set(1, "encoder_cache_stats", "mm_stage_durations"),)),
-             "metrics", "API server"),
-        Hook("log_line.record", f"{LOGGERS}:LoggingStatLogger.record", record,
-             observe_after(sl.log_recorded, when=(any_set(1, "encoder_cache_stats"),)),
+        # One hook for every logger, on the manager; vLLM passes the stats by keyword there.
+        Hook("stat_loggers.record", f"{LOGGERS}:StatLoggerManager.record", record,
+             observe_after(sl.stats_recorded, when=(any_set(
+                 param(1, "scheduler_stats"), "encoder_cache_stats", "mm_stage_durations"),)),
              "metrics", "API server"),
         Hook("log_line.format", f"{LOGGERS}:LoggingStatLogger.log", ("self",),
              observe_around(sl.log_begin, sl.log_end), "metrics", "API server"),
