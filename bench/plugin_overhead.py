@@ -35,6 +35,12 @@ def hook_features() -> tuple[str, ...]:
 
 
 FEATURES = hook_features()
+TRACING_OFF, EVERY_RANGE, AA = ("mmscope, tracing off", "mmscope, every range (chrome)",
+                                "without mmscope, again (A/A)")
+TARGETS = {TRACING_OFF: 0.01, EVERY_RANGE: 0.03}  # DESIGN §8, against the bare engine
+# The bare engine against itself must come out within this (its pooled 90% interval) for a pool
+# to tell a 1% target: beyond it the machine is too noisy, whatever the mmscope rows say.
+NOISE_GATE = 0.005
 
 
 def configurations(by_feature: bool | list[str], mechanics: bool = False, aa: bool = False,
@@ -42,13 +48,13 @@ def configurations(by_feature: bool | list[str], mechanics: bool = False, aa: bo
     """name -> (feature left out, or None for all hooks / "all" for none; tracing spec).
     by_feature: True for every feature, or the features to leave out one at a time."""
     configs = {"without mmscope": ("all", "off"),
-               "mmscope, tracing off": (None, "off")}
+               TRACING_OFF: (None, "off")}
     if chrome:
-        configs["mmscope, every range (chrome)"] = (None, "chrome")
+        configs[EVERY_RANGE] = (None, "chrome")
     if mechanics:
         configs["hooks applied, observers off"] = (MECHANICS, "off")
     if aa:  # the bare engine against itself: how far a ratio moves with nothing to measure
-        configs["without mmscope, again (A/A)"] = ("all", "off")
+        configs[AA] = ("all", "off")
     if by_feature:
         for feature in FEATURES if by_feature is True else by_feature:
             configs[f"tracing off, without {feature}"] = (feature, "off")
@@ -251,11 +257,15 @@ def report_runs(runs: list[dict], args) -> None:
             print(f"{what}: all {len(runs)} runs pooled ({len(runs)} x "
                   f"{'/'.join(map(str, rounds))} rounds, each a batch of {args.requests} image "
                   f"requests, {shape} tokens each):")
+            intervals = {}
             for n in names[1:]:
                 pooled = [v for x in ratio[n] for v in x]
-                lo, hi = pooled_interval(ratio[n], rng)
+                lo, hi = intervals[n] = pooled_interval(ratio[n], rng)
                 print(f"  {n:36} {statistics.median(pooled) * 100:+5.1f}% [{lo * 100:+5.1f}, "
                       f"{hi * 100:+5.1f}] (90% interval, runs and rounds resampled)")
+            if clock == "times":
+                for line in verdicts(intervals):
+                    print(line)
             print(f"{what}, fast tails: per run, the 10th percentile of the batch times against "
                   f"the bare run's; mean of the {len(runs)} runs:")
             for n in names[1:]:
@@ -264,6 +274,32 @@ def report_runs(runs: list[dict], args) -> None:
                 lo, hi = interval(tails, rng, statistic=statistics.mean)
                 print(f"  {n:36} {statistics.mean(tails) * 100:+5.1f}% [{lo * 100:+5.1f}, "
                       f"{hi * 100:+5.1f}] (90% interval, runs resampled)")
+
+
+def verdicts(intervals: dict[str, tuple[float, float]]) -> list[str]:
+    """DESIGN §8's targets against the pooled wall-time intervals, gated by the A/A row: a pool
+    whose bare engine moves against itself by more than NOISE_GATE tells nothing at 1%."""
+    aa = intervals.get(AA)
+    noisy = aa is not None and max(-aa[0], aa[1]) > NOISE_GATE
+    lines = []
+    for name, target in TARGETS.items():
+        if name not in intervals:
+            continue
+        lo, hi = intervals[name]
+        if aa is None:
+            verdict = "unchecked: no A/A row (--aa), so the noise floor is unknown"
+        elif noisy:
+            verdict = (f"not resolved: the bare engine against itself spans [{aa[0] * 100:+.1f}, "
+                       f"{aa[1] * 100:+.1f}], wider than +-{NOISE_GATE * 100:.1f}%: the machine "
+                       "is too noisy for this pool")
+        elif hi < target:
+            verdict = f"within {target:.0%} (the whole 90% interval below it)"
+        elif lo > target:
+            verdict = f"over {target:.0%} (the whole 90% interval above it)"
+        else:
+            verdict = f"not resolved: the 90% interval spans {target:.0%} (more runs narrow it)"
+        lines.append(f"  target {name}: {verdict}")
+    return lines
 
 
 def pooled_interval(runs: list[list[float]], rng: random.Random) -> tuple[float, float]:
