@@ -41,6 +41,8 @@ TARGETS = {TRACING_OFF: 0.01, EVERY_RANGE: 0.03}  # DESIGN §8, against the bare
 # The bare engine against itself must come out within this (its pooled 90% interval) for a pool
 # to tell a 1% target: beyond it the machine is too noisy, whatever the mmscope rows say.
 NOISE_GATE = 0.005
+# How a configuration is entered (see apply()); runs entered differently do not pool.
+ENTRY, OLD_ENTRY = "round trip", "switch only"
 
 
 def configurations(by_feature: bool | list[str], mechanics: bool = False, aa: bool = False,
@@ -67,6 +69,12 @@ def apply(instrumentor, left_out: str | None, spec: str, trace_dir: str) -> None
     from mmscope import tracing
     from mmscope.vllm import ranges
 
+    # Every configuration is entered through the same patch-and-restore, the bare one too: it
+    # invalidates CPython's specialisations on every patched class, and whatever of that the
+    # settle batches leave falls on every row alike. (Restoring hooks that are not applied
+    # changes nothing, so before this a bare batch after a bare one entered with warm
+    # specialisations while mmscope's batches never did.)
+    instrumentor.instrument()
     instrumentor.uninstrument()
     tracing.configure(spec, trace_dir)
     vutils._PROFILER_FUNC = None  # vLLM re-reads its choice; ours comes back with instrument()
@@ -182,7 +190,8 @@ def main() -> None:
         apply(instrumentor, None, "off", trace_dir)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"times": times, "cpu": cpu, "tokens": tokens, "settle": args.settle}, f)
+            json.dump({"times": times, "cpu": cpu, "tokens": tokens, "settle": args.settle,
+                       "entry": ENTRY}, f)
         return
     for n in shapes:
         report(times[n], cpu[n], tokens[n], int(n), args)
@@ -233,6 +242,10 @@ def read_raw(paths: list[str]) -> list[dict]:
                          "timed different configurations or answer lengths")
     if len({r.get("settle", 0) for r in runs}) != 1:  # files from before --settle: 0
         raise SystemExit("plugin_overhead: the files timed with different --settle values")
+    if len({r.get("entry", OLD_ENTRY) for r in runs}) != 1:
+        raise SystemExit("plugin_overhead: the files entered their configurations differently "
+                         f"({' and '.join(sorted({r.get('entry', OLD_ENTRY) for r in runs}))}): "
+                         "they do not pool")
     return runs
 
 
