@@ -242,10 +242,10 @@ def read_raw(paths: list[str]) -> list[dict]:
                          "timed different configurations or answer lengths")
     if len({r.get("settle", 0) for r in runs}) != 1:  # files from before --settle: 0
         raise SystemExit("plugin_overhead: the files timed with different --settle values")
-    if len({r.get("entry", OLD_ENTRY) for r in runs}) != 1:
+    entries = sorted({r.get("entry", OLD_ENTRY) for r in runs})
+    if len(entries) != 1:
         raise SystemExit("plugin_overhead: the files entered their configurations differently "
-                         f"({' and '.join(sorted({r.get('entry', OLD_ENTRY) for r in runs}))}): "
-                         "they do not pool")
+                         f"({' and '.join(entries)}): they do not pool")
     return runs
 
 
