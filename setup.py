@@ -1,12 +1,7 @@
-"""Build of mmscope's C libraries; everything else about the package is in pyproject.toml.
+"""Build of mmscope's one C library; everything else about the package is in pyproject.toml.
 
-Three are loaded with dlopen/ctypes, not imported: `_nvtx_inject` is the NVTX injection library of
-`mmscope record`, `_sqlite_pages` writes the recorded NVTX table straight into SQLite pages,
-`_analysis_kernels` holds the analyzer's hot loops (optional everywhere: without it the analyzer
-takes its numpy road). `_chrome_format` is a Python extension module: the chrome tracing
-backend's event formatter (optional too: chrome.py formats the same bytes in Python). So is
-`_wrappers`: the hook wrappers' mechanics (optional: patching.py has the same wrappers in Python),
-and `_step_telemetry`: the per-step telemetry observer (optional: telemetry.py does the same).
+`_nvtx_inject` is the NVTX injection library of `mmscope record`, loaded by NVTX itself through
+NVTX_INJECTION64_PATH (nothing else can capture NVTX calls without Nsight Systems).
 """
 import platform
 import sys
@@ -63,26 +58,8 @@ setup(
             optional=OPTIONAL,
         ),
         Extension(
-            "mmscope.tracing._chrome_format",
-            sources=["src/mmscope/tracing/_chrome_format.c"],
-            extra_compile_args=list(COMMON),
-            optional=True,
-        ),
-        Extension(
-            "mmscope.vllm._wrappers",
-            sources=["src/mmscope/vllm/_wrappers.c"],
-            extra_compile_args=list(COMMON),
-            optional=True,
-        ),
-        Extension(
-            "mmscope.vllm._step_telemetry",
-            sources=["src/mmscope/vllm/_step_telemetry.c"],
-            extra_compile_args=list(COMMON),
-            optional=True,
-        ),
-        Extension(
-            "mmscope.analysis._analysis_kernels",
-            sources=["src/mmscope/analysis/_analysis_kernels.c"],
+            "mmscope.analyze._analysis_kernels",
+            sources=["src/mmscope/analyze/_analysis_kernels.c"],
             extra_compile_args=list(COMMON),
             optional=True,
         ),

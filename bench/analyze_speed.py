@@ -158,10 +158,10 @@ print(rc, time.perf_counter() - t, hwm(), resource.getrusage(resource.RUSAGE_CHI
 # set up as the command sets up its own (memory settings, then imports).
 PHASES = HWM + """
 import json, os, resource, sys, time
-from mmscope.analysis import command
+from mmscope.analyze import command
 command.prepare_process()
 from mmscope import stages
-from mmscope.analysis import load, stats, steps, checks, benefit, report
+from mmscope.analyze import load, stats, steps, checks, benefit, report
 out, t = {}, [time.perf_counter()]
 def lap(name):
     now = time.perf_counter()
@@ -398,7 +398,7 @@ def libs(path: Path) -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from mmscope.analysis import load, stats
+    from mmscope.analyze import load, stats
 
     table = load(str(path))
     _, mapping = stats.stage_names(table.names)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmscope import access_log
+from mmscope.carry import access_log
 
 REPO = Path(__file__).resolve().parent.parent
 SIZES = (576, 576, 576, 1024, 256)  # embeddings per image: mostly one size, some others

@@ -73,10 +73,10 @@ def child(args) -> None:
 
     from vllm import SamplingParams
 
-    from mmscope import tiny_model
-    from mmscope.vllm import encoder_cache, targets
+    from mmscope.demo import tiny_model
+    from mmscope.vllm import scheduler as encoder_cache, targets
     from mmscope.vllm.instrumentor import get_instrumentor
-    from tests.vllm_kit import image, offline_llm, prompt
+    from tests.kit.engine import image, offline_llm, prompt
 
     mark = ctypes.CDLL(args.marker)
     mark.mark_dump.argtypes = [ctypes.c_char_p]

@@ -66,7 +66,7 @@ def configurations(by_feature: bool | list[str], mechanics: bool = False, aa: bo
 def apply(instrumentor, left_out: str | None, spec: str, trace_dir: str) -> None:
     import vllm.v1.utils as vutils
 
-    from mmscope import tracing
+    from mmscope.emit import tracing
     from mmscope.vllm import ranges
 
     # Every configuration is entered through the same patch-and-restore, the bare one too: it
@@ -94,7 +94,7 @@ def workload_batch(batch_no: int, requests: int) -> list[dict]:
     """One batch of single-image requests. Half the images repeat earlier ones of the batch: hits
     and misses both exercised. Fresh images per batch, so each batch computes the same encoder
     work."""
-    from tests.vllm_kit import image, prompt
+    from tests.kit.engine import image, prompt
 
     base = 100_000 * batch_no
     return [prompt([image(base + (i // 2 if i % 2 else i))], f"Question {i}?")
@@ -153,9 +153,9 @@ def main() -> None:
 
     from vllm import SamplingParams
 
-    from mmscope import tiny_model
+    from mmscope.demo import tiny_model
     from mmscope.vllm.instrumentor import get_instrumentor
-    from tests.vllm_kit import image, offline_llm, prompt
+    from tests.kit.engine import image, offline_llm, prompt
 
     llm = offline_llm(tiny_model.build(tiny_model.default_dir()), max_num_seqs=16)
     # Per answer length (as a string: the JSON key), per configuration: batch times.

@@ -48,9 +48,9 @@ def workload(spec: str, batches: int, max_tokens: int, reset=None) -> None:
     sys.path.insert(0, str(ROOT))
     from vllm import SamplingParams
 
-    from mmscope import tiny_model, tracing
+    from mmscope.demo import tiny_model, tracing
     from mmscope.vllm import ranges
-    from tests.vllm_kit import image, offline_llm, prompt
+    from tests.kit.engine import image, offline_llm, prompt
 
     llm = offline_llm(tiny_model.build(tiny_model.default_dir()), max_num_seqs=16)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)

@@ -17,7 +17,7 @@ CASE = textwrap.dedent("""
     import contextlib, os, sys, time
     case, n, repeat = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     import nvtx
-    from mmscope import tracing
+    from mmscope.emit import tracing
 
     def bare_nullcontext():
         nc = contextlib.nullcontext

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
 # The stamp changes whenever anything that decides the installed set changes.
-want=$( { cat pyproject.toml scripts/setup.sh; cat setup.py src/mmscope/record/*.c src/mmscope/analysis/*.c src/mmscope/tracing/*.c src/mmscope/vllm/*.c 2>/dev/null || true; } \
+want=$( { cat pyproject.toml scripts/setup.sh; cat setup.py src/mmscope/record/*.c src/mmscope/analyze/*.c 2>/dev/null || true; } \
         | sha256sum | cut -c1-16)
 stamp="$VENV/.mmscope-setup-$want"
 

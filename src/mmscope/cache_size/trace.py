@@ -1,4 +1,4 @@
-"""Read an encoder-cache access log (mmscope.access_log's format) into compact per-engine event
+"""Read an encoder-cache access log (mmscope.carry.access_log's format) into compact per-engine event
 lists for the cache model: integers only, one tuple per access or freed request.
 
 An event is (request, key, embeds, outcome) with outcome MISS, HIT or CONNECTOR (what the log

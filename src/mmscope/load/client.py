@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from mmscope import readout
+from mmscope.expose import readout
 from mmscope.errors import UserError
 
 CHAT_PATH = "/v1/chat/completions"

@@ -1,11 +1,11 @@
-"""The /metrics series the load verifier reads, in one place, as `mmscope.readout` keys.
+"""The /metrics series the load verifier reads, in one place, as `mmscope.expose.readout` keys.
 
 Keys drop the `vllm:` prefix and `_total` suffix (see `readout.series_key`); `exposed()` gives the
 name a user sees on /metrics, for messages.
 """
 from __future__ import annotations
 
-from mmscope.accounting import SOURCES
+from mmscope.carry.ledger import SOURCES
 
 # mmscope's encoder-cache series (the adapter's tables in mmscope.vllm.stat_loggers define them).
 QUERIES = "encoder_cache_queries"

@@ -7,7 +7,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from mmscope import readout
+from mmscope.expose import readout
 from mmscope.errors import UserError
 from mmscope.load import series
 from mmscope.load.client import Server, Timing

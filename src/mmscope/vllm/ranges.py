@@ -10,11 +10,12 @@ import logging
 import time
 import weakref
 
-from mmscope import stages, tracing
-from mmscope import telemetry as telemetry_module
-from mmscope.stage_timing import ENABLED as STAGE_METRICS
-from mmscope.stage_timing import FRONTEND, MAX_PER_STAGE, WORKER, timed_stage
-from mmscope.telemetry import StepTelemetry, split_prefill_decode
+from mmscope import stages
+from mmscope.emit import tracing
+from mmscope.emit import step_shape as telemetry_module
+from mmscope.emit.stage_timer import ENABLED as STAGE_METRICS
+from mmscope.emit.stage_timer import FRONTEND, MAX_PER_STAGE, WORKER, timed_stage
+from mmscope.emit.step_shape import StepTelemetry, split_prefill_decode
 from mmscope.vllm.patching import PY_ONLY, HookState, native_wrapper
 
 try:  # built by pip install (setup.py); optional: step_shape_seen does the same in Python

@@ -11,8 +11,8 @@ import math
 import threading
 from collections import Counter
 
-from mmscope.accounting import SOURCES
-from mmscope.stage_timing import FRONTEND, merge
+from mmscope.carry.ledger import SOURCES
+from mmscope.emit.stage_timer import FRONTEND, merge
 from mmscope.vllm import patching
 
 # name, documentation: the counters next to vllm:prefix_cache_* and vllm:mm_cache_*; "encoder

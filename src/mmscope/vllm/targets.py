@@ -5,7 +5,7 @@ Supporting another vLLM release means editing this table; wrappers and metrics s
 from __future__ import annotations
 
 from mmscope import stages
-from mmscope.vllm import encoder_cache as ec
+from mmscope.vllm import scheduler as ec
 from mmscope.vllm import ranges as rg
 from mmscope.vllm import stat_loggers as sl
 from mmscope.vllm.patching import (RESULT, Hook, all_clear, any_set, every, falsy, observe_after,

@@ -1,0 +1,136 @@
+"""The structural checks of DESIGN §6 on a RangeTable; each gives {"name", "ok", "detail"}.
+
+A failing check's detail names how many ranges break it and the first one, with thread and time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mmscope import stages
+from mmscope.analyze import kernels
+from mmscope.analyze.table import RangeTable, latest_before, packed_order
+
+SIBLINGS = stages.PREPROCESS_SIBLINGS
+
+
+def run_all(table: RangeTable, pairs) -> list[dict]:
+    return [vit_excludes_save(table), siblings_disjoint(table), siblings_inside_preprocess(table),
+            step_meta_joined(table, pairs)]
+
+
+def _result(name: str, bad: int, total: int, first: str, what: str) -> dict:
+    if total == 0:
+        return {"name": name, "ok": True, "detail": f"no {what} in the profile"}
+    if bad == 0:
+        return {"name": name, "ok": True, "detail": f"all {total} {what} pass"}
+    return {"name": name, "ok": False, "detail": f"{bad} of {total} {what} fail; first: {first}"}
+
+
+def where(table: RangeTable, row: int) -> str:
+    """A range as a person finds it in a timeline: name, times, process and thread."""
+    t = int(table.thread[row])
+    thread = table.thread_names.get(t)
+    label = f"pid {(t >> 24) & 0xFFFFFF} tid {t & 0xFFFFFF}" + (f" ({thread})" if thread else "")
+    return (f"'{table.name_of(row)}' [{int(table.start[row])}, {int(table.end[row])}] ns "
+            f"on {label}")
+
+
+def _inside(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """For each inner row, the enclosing outer row on its thread, or -1."""
+    if kernels.lib() is not None and len(inner) and len(outer):
+        found = kernels.latest_before(outer, inner, table.thread, table.start, table.end)
+        if found is not None:
+            return found
+    cand = latest_before(table, outer, inner)
+    ok = cand >= 0
+    safe = np.maximum(cand, 0)
+    ok &= table.end[safe] >= table.end[inner]
+    ok &= (table.end[safe] > table.start[inner]) | (table.start[safe] == table.start[inner])
+    return np.where(ok, cand, -1)
+
+
+def vit_excludes_save(table: RangeTable) -> dict:
+    name = f"{stages.VIT_FORWARD} never contains {stages.EC_SAVE}"
+    saves = table.rows_named(stages.EC_SAVE)
+    host = _inside(table, table.rows_named(stages.VIT_FORWARD), saves)
+    bad = np.flatnonzero(host >= 0)
+    first = ""
+    if len(bad):
+        i = bad[np.argmin(table.start[saves[bad]])]
+        first = f"{where(table, saves[i])} inside {where(table, host[i])}"
+    return _result(name, len(bad), len(saves), first, f"'{stages.EC_SAVE}' ranges")
+
+
+def siblings_disjoint(table: RangeTable) -> dict:
+    """No two of the preprocess children overlap on a thread (touching ends are fine)."""
+    name = "preprocess children are disjoint siblings"
+    rows = table.rows_named(*SIBLINGS)
+    if _overlapping(table, rows) == 0:
+        return _result(name, 0, len(rows), "", "preprocess child ranges")
+    import polars as pl  # only to describe a failure
+    df = pl.DataFrame({"r": rows, "t": table.thread[rows], "s": table.start[rows],
+                       "e": table.end[rows]}).sort("t", "s", "r")
+    df = df.with_columns(prev_end=pl.col("e").cum_max().shift(1).over("t"))
+    bad = df.filter(pl.col("s") < pl.col("prev_end"))
+    first = ""
+    if len(bad):
+        row = bad.sort("s").row(0, named=True)
+        same = df.filter((pl.col("t") == row["t"]) & (pl.col("s") <= row["s"])
+                         & (pl.col("e") > row["s"]) & (pl.col("r") != row["r"]))
+        other = same.sort("s")["r"][0]
+        first = f"{where(table, row['r'])} overlaps {where(table, other)}"
+    return _result(name, len(bad), len(rows), first, "preprocess child ranges")
+
+
+def _overlapping(table: RangeTable, rows: np.ndarray) -> int | None:
+    """How many of these rows (in row order) start before an earlier one on their thread ends,
+    taking the rows by (thread, start, row); None where (thread, time) does not pack in an int64.
+
+    The same count as the polars frame in `siblings_disjoint`, in numpy: (thread, time) packed so
+    that a running maximum of the ends never carries a thread's ends into the next thread."""
+    if len(rows) < 2:
+        return 0
+    if kernels.lib() is not None:
+        got = kernels.overlaps(rows, table.thread, table.start, table.end)
+        if got is not None:
+            return got
+    import polars as pl
+
+    thread, s, e = table.thread[rows], table.start[rows], table.end[rows]
+    g = np.searchsorted(np.sort(pl.Series(thread).unique().to_numpy()), thread)
+    t0 = int(s.min())
+    bits = max(int(e.max()) - t0, int(s.max()) - t0, 1).bit_length()
+    if int(g.max()).bit_length() + bits > 62 or int(e.min()) < t0:
+        return None
+    ks = (g << bits) | (s - t0)
+    ke = (g << bits) | (e - t0)
+    order = packed_order(g, ks)  # rows are in row order: ties stay by row
+    ks, ke = ks[order], ke[order]
+    return int(np.count_nonzero(ks[1:] < np.maximum.accumulate(ke)[:-1]))
+
+
+def siblings_inside_preprocess(table: RangeTable) -> dict:
+    name = f"preprocess children lie inside {stages.PREPROCESS}"
+    pre = table.rows_named(stages.PREPROCESS)
+    rows = table.rows_named(*SIBLINGS)
+    if len(pre) == 0:
+        return {"name": name, "ok": True,
+                "detail": f"skipped: no '{stages.PREPROCESS}' ranges in the profile"}
+    host = _inside(table, pre, rows)
+    bad = np.flatnonzero(host < 0)
+    first = ""
+    if len(bad):
+        first = where(table, rows[bad[np.argmin(table.start[rows[bad]])]])
+    return _result(name, len(bad), len(rows), first, "preprocess child ranges")
+
+
+def step_meta_joined(table: RangeTable, pairs) -> dict:
+    """Every step_meta is the nearest preceding step_meta of some forward on its thread."""
+    from mmscope.analyze.steps import step_meta_rows
+
+    name = f"every step_meta joins a '{stages.FORWARD}' on its thread"
+    metas = step_meta_rows(table)[0]
+    joined = pairs["meta_row"] if len(pairs) else np.zeros(0, np.int64)
+    bad = metas[~np.isin(metas, joined)]
+    first = where(table, bad[np.argmin(table.start[bad])]) if len(bad) else ""
+    return _result(name, len(bad), len(metas), first, "step_meta ranges")

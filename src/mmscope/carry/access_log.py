@@ -1,0 +1,111 @@
+"""The encoder-cache access log: one compact line per committed encoder input, per freed request,
+and the capacity, appended by every engine process to one file (MMSCOPE_ACCESS_LOG=FILE).
+
+Lines are tab-separated; each flush is one O_APPEND write, so several processes can share a file:
+  C <t_ns> <engine> <capacity_embeds>
+  A <t_ns> <engine> <request> <item> <modality> <hash> <embeds> <HIT|MISS|DEFERRED> <source|->
+  F <t_ns> <engine> <request>                      (the request released its encoder entries)
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from mmscope.carry.ledger import Item
+
+ENV = "MMSCOPE_ACCESS_LOG"
+FLUSH_BYTES = 64 * 1024
+HEADER = "# mmscope encoder-cache access log v1\n"
+
+
+class AccessLogWriter:
+    def __init__(self, path: str, engine: str):
+        self.path, self.engine = path, engine
+        self._buf: list[str] = []
+        self._size = 0
+        self._lock = threading.Lock()
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if os.fstat(self._fd).st_size == 0:
+            os.write(self._fd, HEADER.encode())
+        atexit.register(self.flush)
+
+    def _add(self, line: str) -> None:
+        with self._lock:
+            self._buf.append(line)
+            self._size += len(line)
+            full = self._size >= FLUSH_BYTES
+        if full:
+            self.flush()
+
+    def capacity(self, embeds: int) -> None:
+        self._add(f"C\t{time.time_ns()}\t{self.engine}\t{embeds}\n")
+
+    def item(self, outcome: str, item: Item, source: str | None) -> None:
+        self._add(f"A\t{time.time_ns()}\t{self.engine}\t{item.request_id}\t{item.index}\t"
+                  f"{item.modality}\t{item.key}\t{item.embeds}\t{outcome}\t{source or '-'}\n")
+
+    def freed(self, request_id: str) -> None:
+        self._add(f"F\t{time.time_ns()}\t{self.engine}\t{request_id}\n")
+
+    def flush(self) -> None:
+        with self._lock:
+            data, self._buf, self._size = "".join(self._buf), [], 0
+        if data:
+            os.write(self._fd, data.encode())
+
+
+_writer: AccessLogWriter | None = None
+
+
+def writer() -> AccessLogWriter | None:
+    """This process's writer when MMSCOPE_ACCESS_LOG is set (one per process, after fork too)."""
+    global _writer
+    path = os.environ.get(ENV)
+    if not path:
+        return None
+    if _writer is None or _writer.engine != str(os.getpid()):
+        _writer = AccessLogWriter(path, str(os.getpid()))
+    return _writer
+
+
+@dataclass(frozen=True)
+class Record:
+    kind: str  # "A" access, "F" freed, "C" capacity
+    t_ns: int
+    engine: str
+    request: str = ""
+    item: int = 0
+    modality: str = ""
+    key: str = ""
+    embeds: int = 0
+    outcome: str = ""
+    source: str = ""
+    capacity: int = 0
+
+
+def read(path: str) -> Iterator[Record]:
+    """Records in file order; malformed lines raise ValueError naming the line."""
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip() or line.startswith("#"):
+                continue
+            parts = line.rstrip("\n").split("\t")
+            try:
+                yield _parse(parts)
+            except (ValueError, IndexError):
+                raise ValueError(f"{path}:{n}: not an access-log line") from None
+
+
+def _parse(p: list[str]) -> Record:
+    if p[0] == "A" and len(p) == 10:
+        return Record("A", int(p[1]), p[2], p[3], int(p[4]), p[5], p[6], int(p[7]), p[8],
+                      "" if p[9] == "-" else p[9])
+    if p[0] == "F" and len(p) == 4:
+        return Record("F", int(p[1]), p[2], p[3])
+    if p[0] == "C" and len(p) == 4:
+        return Record("C", int(p[1]), p[2], capacity=int(p[3]))
+    raise ValueError(p[0])

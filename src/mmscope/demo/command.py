@@ -1,0 +1,150 @@
+"""`mmscope demo`: the whole product on a tiny built-in model on this machine's CPU.
+
+Real vLLM with the plugin, NVTX recorded without nsys, then the stage report and the cache counters.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from mmscope.errors import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="mmscope-demo",
+                   help="folder for the trace, profile, report and logs (default ./mmscope-demo)")
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    out = os.path.abspath(args.out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserError(f"--out {out} exists and is not a folder")
+    os.makedirs(os.path.join(out, "traces"), exist_ok=True)
+    t0 = time.monotonic()
+    with console.status("building the tiny model (first run only)") as status:
+        model = _tiny_model()
+        profile = _run_workload(out, model, status)
+        status.update("analysing the recorded ranges")
+        analysis = _analyse(profile, os.path.join(out, "report.html"))
+    _report(out, profile, analysis, time.monotonic() - t0)
+    return 0
+
+
+def _tiny_model() -> str:
+    from mmscope.demo import tiny_model
+    return tiny_model.build(tiny_model.default_dir())
+
+
+def _recorder_available() -> bool:
+    from mmscope.record import native_library
+    return native_library("_nvtx_inject") is not None
+
+
+def _run_workload(out: str, model: str, status) -> str:
+    """The workload in a child process: under `mmscope record` (NVTX -> nsys-schema SQLite) when
+    the recorder is built, always with the chrome backend too (a Perfetto-ready trace)."""
+    env = dict(os.environ, MMSCOPE_TRACE_DIR=os.path.join(out, "traces"), HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
+               MMSCOPE_ACCESS_LOG=os.path.join(out, "access.log"))
+    for stale in ("access.log", "summary.json"):
+        if os.path.exists(os.path.join(out, stale)):
+            os.remove(os.path.join(out, stale))
+    for old in os.listdir(os.path.join(out, "traces")):
+        os.remove(os.path.join(out, "traces", old))
+    workload = [sys.executable, "-m", "mmscope.demo.workload", out, model]
+    if _recorder_available():
+        profile = os.path.join(out, "profile.sqlite")
+        env["MMSCOPE_TRACE"] = "nvtx,chrome"
+        cmd = [sys.executable, "-m", "mmscope.cli", "record", "--force", "-o", profile, "--",
+               *workload]
+    else:
+        profile = None
+        env["MMSCOPE_TRACE"] = "chrome"
+        cmd = workload
+    log_path = os.path.join(out, "vllm.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith("PROGRESS "):
+                status.update(line[len("PROGRESS "):].strip())
+        if proc.wait() != 0:
+            raise UserError(f"the demo workload failed (status {proc.returncode}); see {log_path}")
+    if profile is None:
+        traces = [f for f in os.listdir(os.path.join(out, "traces")) if f.endswith(".json")]
+        profile = os.path.join(out, "traces", traces[0])
+    return profile
+
+
+def _analyse(profile: str, html: str):
+    from mmscope.analyze import load
+    from mmscope.analyze.report import analyze
+    from mmscope.analyze.report_html import write_html
+
+    analysis = analyze(profile, load(profile, quiet=True))
+    write_html(analysis, html)
+    return analysis
+
+
+def _report(out: str, profile: str, analysis, elapsed: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from mmscope.analyze.report import print_terminal
+    from mmscope.load import series
+
+    # Piped output gets rich's 80 columns by default: too narrow for the stage table.
+    console = Console() if sys.stdout.isatty() else Console(width=150)
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    console.rule("[bold]mmscope demo: where the time of the multimodal pipeline goes")
+    print_terminal(analysis, console)
+    console.rule("[bold]encoder cache (vllm:encoder_cache_* on /metrics)")
+    c = summary["counters"]
+    q, h = c.get(series.QUERIES, 0), c.get(series.HITS, 0)
+    table = Table("counter", "value", "meaning")
+    rows = [
+        ("queries", q, "image items committed for scheduled requests"),
+        ("hits", h, "encoder output reused"),
+        ("misses", c.get(series.MISSES, 0), "encoder runs (one per computed item)"),
+        ("  hits from cache", c.get(series.by_source("local"), 0),
+         "resident from an earlier request"),
+        ("  hits in step", c.get(series.by_source("in_step"), 0),
+         "computed by another request (or item) of the same step"),
+        ("deferrals", c.get(series.DEFERRALS, 0), "items postponed for budget or space"),
+        ("evictions", c.get(series.EVICTIONS, 0), "entries evicted to make room"),
+    ]
+    for name, value, meaning in rows:
+        table.add_row(name, f"{value:.0f}", meaning)
+    console.print(table)
+    rate = 100 * h / q if q else 0.0
+    console.print(f"encoder cache hit rate: [bold]{rate:.1f}%[/bold] over {summary['images']} "
+                  f"images in {summary['requests']} requests")
+    s = summary["steps"]
+    console.print(f"step_tokens: {s['steps']} steps, {s['prefill_tokens']} prefill and "
+                  f"{s['decode_tokens']} decode tokens")
+    if summary.get("stats_line"):
+        console.print("vLLM stats line:", summary["stats_line"].split("Engine 000: ")[-1],
+                      markup=False, highlight=False)
+    console.rule("[bold]files")
+    traces = os.path.join(out, "traces")
+    for label, path in [("NVTX profile (nsys export schema)", profile),
+                        ("Chrome/Perfetto trace", os.path.join(traces, sorted(os.listdir(traces))[0])),
+                        ("HTML report", os.path.join(out, "report.html")),
+                        ("encoder-cache access log", os.path.join(out, "access.log")),
+                        ("vLLM log", os.path.join(out, "vllm.log"))]:
+        console.print(f"{label:36} {_short(path)}", highlight=False)
+    console.print(f"done in {elapsed:.0f} s. Next: mmscope analyze {_short(profile)}; "
+                  "open the trace in https://ui.perfetto.dev", highlight=False)
+
+
+def _short(path: str) -> str:
+    rel = os.path.relpath(path)
+    return rel if len(rel) < len(path) else path

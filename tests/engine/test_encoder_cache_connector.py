@@ -1,0 +1,56 @@
+"""EC connector: a producer engine writes encoder outputs through ECExampleConnector; a consumer
+engine counts them as connector hits and never runs its encoder."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mmscope import stages
+from tests.kit import traces as trace_kit as tk
+
+pytestmark = pytest.mark.vllm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_role(role, model, shared, seeds, trace_dir):
+    # Tracing on as well: the same runs show where the connector's ranges land.
+    env = dict(os.environ, MMSCOPE_TRACE="chrome", MMSCOPE_TRACE_DIR=str(trace_dir))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "ec_connector_run.py"), role, model, str(shared),
+         ",".join(map(str, seeds))],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def test_producer_then_consumer(tiny_model, tmp_path):
+    shared = tmp_path / "ec_cache"
+    produced = run_role("ec_producer", tiny_model, shared, [41, 42, 41], tmp_path / "p")
+    # Producer: two distinct images computed (and saved), the repeat is a local/in-step hit.
+    assert produced["encoder_items"] == 2
+    assert (produced["encoder_cache_queries"], produced["encoder_cache_misses"]) == (3, 2)
+    assert len(os.listdir(shared)) == 2
+
+    consumed = run_role("ec_consumer", tiny_model, shared, [41, 42], tmp_path / "c")
+    assert consumed["encoder_items"] == 0, "the consumer's encoder must never run"
+    assert consumed["encoder_cache_queries"] == 2
+    assert consumed["encoder_cache_misses"] == 0
+    assert consumed["encoder_cache_hits_by_source{source=connector}"] == 2
+
+    # Ranges: saves on the producer, beside (never inside) the encoder forward; loads on the
+    # consumer, whose encoder never runs.
+    p_ranges, _ = tk.load(tmp_path / "p")
+    c_ranges, _ = tk.load(tmp_path / "c")
+    saves, vits = tk.named(p_ranges, stages.EC_SAVE), tk.named(p_ranges, stages.VIT_FORWARD)
+    assert len(saves) == 2 and vits
+    assert not any(tk.within(s, v) for s in saves for v in vits)
+    preprocess = tk.named(p_ranges, stages.PREPROCESS)
+    assert all(tk.parent_of(s, preprocess + saves).name == stages.PREPROCESS for s in saves)
+    assert tk.named(c_ranges, stages.EC_LOAD)
+    assert not tk.named(c_ranges, stages.VIT_FORWARD) and not tk.named(c_ranges, stages.EC_SAVE)

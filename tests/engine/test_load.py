@@ -1,0 +1,204 @@
+"""`mmscope load` against the real OpenAI server on the tiny model (loopback only): exact counts
+when the encoder cache holds a level, a capacity-explained shortfall when it cannot, and one-line
+errors for an unreachable server, one without mmscope's counters, a wrong model, server errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from mmscope.demo.serve import VllmServer, free_port
+
+pytestmark = pytest.mark.vllm
+
+TINY = ["--image-size", "32x32"]  # the tiny model's own size: 16 embeddings per image
+RUN_TIMEOUT_S = 120
+
+
+def load(url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mmscope.load.command", "--url", url, *args],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+
+
+def load_json(url: str, *args: str) -> dict:
+    done = load(url, "--json", *args)
+    assert done.returncode == 0, done.stderr
+    # The progress bar stays off a pipe; stdout is pure JSON.
+    assert all(ln.startswith("wrote ") for ln in done.stderr.splitlines()), done.stderr
+    return json.loads(done.stdout)
+
+
+def one_line_error(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 2 and done.stdout == ""
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("mmscope: error: ")
+    return done.stderr.strip()
+
+
+@pytest.fixture(scope="module")
+def small_cache_server(tiny_model, tmp_path_factory):
+    """Token budget 64 = encoder cache of 64 embeddings: four tiny-model images."""
+    log = tmp_path_factory.mktemp("small-cache") / "vllm.log"
+    with VllmServer(tiny_model, str(log), extra_args=["--max-num-batched-tokens", "64"]) as srv:
+        yield srv
+
+
+def test_counts_equal_the_plan_when_the_cache_holds_a_level(traced_server, tmp_path):
+    plot = tmp_path / "sweep.png"
+    out = load_json(traced_server.url, *TINY, "--reuse", "0,0.5,0.9", "--requests", "20",
+                    "--images-per-request", "2", "--concurrency", "4", "--seed", "101",
+                    "--plot", str(plot))
+    assert out["model"] == traced_server.model and out["ok"] is True
+    assert out["embeds_per_image"] == 16
+    assert [lv["planned_hits"] for lv in out["levels"]] == [0, 20, 36]
+    for level in out["levels"]:
+        assert level["distinct_images"] * 16 <= level["capacity_embeds"] == 2048
+        assert level["observed_queries"] == level["images"] == 40
+        assert level["observed_hits"] == level["planned_hits"]
+        assert level["observed_misses"] == level["distinct_images"]
+        assert sum(level["hits_by_source"].values()) == level["observed_hits"]
+        assert level["capacity_allows_hits"] == level["planned_hits"]
+        assert level["verdict"]["status"] == "match"
+        # Unique prompts: no prefix-cache hit could hide an encoder lookup.
+        assert level["prefix_cache"]["hits"] == 0
+        assert level["mm_cache"]["queries"] == 40
+    ttft = out["levels"][2]["ttft_ms"]
+    assert all(ttft[k] > 0 for k in ("repeat_p50", "repeat_p90", "new_p50", "new_p90"))
+    assert out["levels"][0]["ttft_ms"]["repeat_p50"] is None  # reuse 0: nothing repeats
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_table_and_a_rerun_with_the_same_seed(traced_server):
+    args = (*TINY, "--reuse", "0", "--requests", "6", "--seed", "202")
+    first = load(traced_server.url, *args)
+    assert first.returncode == 0, first.stderr
+    assert "encoder cache per reuse level" in first.stdout
+    assert "reuse 0: hits match the plan (0 of 0)" in first.stdout
+    assert "encoder cache 2048 embeds" in first.stdout
+    # The server still holds the first run's images: more hits than planned, said so.
+    again = load_json(traced_server.url, *args)
+    level = again["levels"][0]
+    assert level["observed_hits"] == 6 and level["verdict"]["status"] == "excess"
+    assert "earlier run with the same --seed" in level["verdict"]["text"]
+
+
+def test_small_cache_shortfall_explained_by_capacity(small_cache_server):
+    out = load_json(small_cache_server.url, *TINY, "--reuse", "0.5", "--requests", "40",
+                    "--concurrency", "1", "--seed", "303")
+    level = out["levels"][0]
+    assert level["capacity_embeds"] == 64 and level["distinct_images"] == 20
+    assert level["observed_queries"] == level["images"] == 40
+    shortfall = level["planned_hits"] - level["observed_hits"]
+    assert 0 < shortfall <= level["evictions"]
+    # One request at a time, vLLM's eviction order is exactly the LRU the estimate replays.
+    assert level["observed_hits"] == level["capacity_allows_hits"]
+    assert level["verdict"]["status"] == "explained" and out["ok"] is True
+    assert "shortfall explained by capacity (" in level["verdict"]["text"]
+    assert "capacity 64 embeds" in level["verdict"]["text"]
+
+
+def test_small_cache_table_verdict_under_concurrency(small_cache_server):
+    done = load(small_cache_server.url, *TINY, "--reuse", "0.5", "--requests", "30",
+                "--concurrency", "3", "--seed", "304")
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdict = [ln for ln in done.stdout.splitlines() if ln.startswith("reuse 0.5:")]
+    assert verdict and "shortfall explained by capacity" in verdict[0]
+
+
+def test_wrong_model_name(traced_server):
+    message = one_line_error(load(traced_server.url, *TINY, "--model", "no-such-model"))
+    assert message == (f"mmscope: error: model 'no-such-model' is not served at "
+                       f"{traced_server.url} (it serves: {traced_server.model})")
+
+
+def test_server_error_reaches_the_user(traced_server):
+    # More tokens than the model's length: vLLM answers 400 to the first (probe) request.
+    message = one_line_error(load(traced_server.url, *TINY, "--max-tokens", "5000"))
+    assert message.startswith("mmscope: error: probe request without an image: HTTP 400: ")
+
+
+def test_unreachable_server():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    message = one_line_error(load(url, "--timeout", "30"))
+    assert message.startswith(f"mmscope: error: cannot reach {url}")
+
+
+# --- stand-ins for servers that are not vLLM with mmscope ----------------------------------------
+PLAIN_VLLM_METRICS = ("# HELP vllm:prefix_cache_queries_total Prefix cache queries.\n"
+                      "# TYPE vllm:prefix_cache_queries_total counter\n"
+                      'vllm:prefix_cache_queries_total{model_name="m",engine="0"} 0.0\n')
+MMSCOPE_METRICS = PLAIN_VLLM_METRICS + (
+    "# TYPE vllm:encoder_cache_queries_total counter\n"
+    'vllm:encoder_cache_queries_total{model_name="m",engine="0"} 0.0\n')
+
+
+@contextmanager
+def stand_in(metrics: str, chat_status: int = 400, chat_delay_s: float = 0.0):
+    """A loopback HTTP server with /v1/models, /metrics and a chat endpoint that fails or stalls."""
+    stop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            routes = {"/v1/models": ("application/json", json.dumps({"data": [{"id": "m"}]})),
+                      "/metrics": ("text/plain", metrics)}
+            if self.path not in routes:
+                return self._send(404, "application/json", '{"detail": "Not Found"}')
+            self._send(200, *routes[self.path])
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if chat_delay_s:
+                stop.wait(chat_delay_s)
+            self._send(chat_status, "application/json",
+                       json.dumps({"error": {"message": "the model is asleep", "code": 400}}))
+
+        def _send(self, status, kind, body):
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_server_without_mmscope_counters():
+    with stand_in(PLAIN_VLLM_METRICS) as url:
+        message = one_line_error(load(url))
+    assert message == (f"mmscope: error: {url}/metrics has no vllm:encoder_cache_queries_total: is "
+                       "mmscope installed in the server's Python environment (vLLM loads it as a "
+                       "plugin)?")
+
+
+def test_error_answer_from_the_server():
+    with stand_in(MMSCOPE_METRICS) as url:
+        message = one_line_error(load(url + "/v1"))
+    assert message == ("mmscope: error: probe request without an image: HTTP 400: "
+                       "the model is asleep")
+
+
+def test_request_and_total_timeouts():
+    with stand_in(MMSCOPE_METRICS, chat_status=200, chat_delay_s=10) as url:
+        per_request = one_line_error(load(url, "--request-timeout", "0.5"))
+        total = one_line_error(load(url, "--timeout", "0.5"))
+    assert per_request.endswith("no complete answer from " + url + " within 0.5 s "
+                                "(--request-timeout)")
+    assert total == ("mmscope: error: the sweep did not finish within --timeout 0.5 s; raise it "
+                     "or send fewer --requests")

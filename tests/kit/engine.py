@@ -1,0 +1,70 @@
+"""Test helpers around the real vLLM engine: images, prompts, counters, encoder work counted
+on the worker side (in-process engines run the worker in the test process)."""
+from __future__ import annotations
+
+import os
+
+from mmscope.expose import readout
+
+
+def image(i: int, size=(32, 32)):
+    """A distinct deterministic image per i (distinct content, so a distinct cache key)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(i)
+    return Image.fromarray(rng.integers(0, 256, (*size[::-1], 3), dtype=np.uint8))
+
+
+def prompt(images, text="What is this?"):
+    data = images if len(images) != 1 else images[0]
+    return {"prompt": "<s>user: " + "<image>" * len(images) + text + "\nassistant:",
+            "multi_modal_data": {"image": data} if images else None} if images else \
+        {"prompt": f"<s>user: {text}\nassistant:"}
+
+
+def offline_llm(model: str, **overrides):
+    """An in-process engine (the worker runs in this process, so tests can count its work)."""
+    from vllm import LLM
+
+    kwargs = dict(model=model, enforce_eager=True, max_model_len=512, max_num_seqs=4,
+                  max_num_batched_tokens=256, limit_mm_per_prompt={"image": 3},
+                  kv_cache_memory_bytes=64 * 2**20, seed=0, disable_log_stats=False)
+    kwargs.update(overrides)
+    # Only for this engine's construction: servers started later by other tests inherit
+    # os.environ and must stay multiprocess.
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        return LLM(**kwargs)
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+
+
+def counters(llm) -> dict[str, float]:
+    return readout.from_vllm_metrics(llm.get_metrics())
+
+
+class EncoderWork:
+    """Counts the images the vision encoder really embeds (wraps the model class's
+    embed_multimodal, which the worker calls once per encoder batch)."""
+
+    def __init__(self):
+        from vllm.model_executor.models.llava import LlavaForConditionalGeneration as cls
+
+        self.cls, self.items = cls, 0
+        self._orig = cls.embed_multimodal
+        work = self
+
+        def counted(model_self, **kwargs):
+            out = work._orig(model_self, **kwargs)
+            work.items += len(out)
+            return out
+
+        cls.embed_multimodal = counted
+
+    def close(self):
+        self.cls.embed_multimodal = self._orig

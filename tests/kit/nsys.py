@@ -1,0 +1,159 @@
+"""Write real SQLite files in the nsys export schema for the analyzer tests.
+
+The tables come from the reference DDL (tests/data/nsys-nvtx-min-schema.sql); `old=True` drops the
+columns that 2024-era exports lack (eventId, binaryData, ...), as the schema note says to.
+"""
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+DDL_PATH = Path(__file__).parent.parent / "data" / "nsys-nvtx-min-schema.sql"
+PUSH_POP, START_END, MARK, THREAD, DOMAIN_CREATE = 59, 60, 34, 39, 75
+
+
+def ddl(old: bool = False) -> str:
+    text = DDL_PATH.read_text()
+    if not old:
+        return text
+    text = "\n".join(line for line in text.splitlines() if "[new>=2025/26]" not in line)
+    return re.sub(r",(\s*(--[^\n]*)?\n\);)", r"\1", text)
+
+
+def global_tid(pid: int, tid: int, vm: int = 1) -> int:
+    """nsys' serialized thread id: <HW:8><VM:8><PID:24><TID:24>."""
+    return (vm << 48) | (pid << 24) | tid
+
+
+class NsysFile:
+    """A growing nsys-schema SQLite file; call `close()` (or use `with`) to write it."""
+
+    def __init__(self, path, old: bool = False, nvtx: bool = True):
+        self.path = str(path)
+        self.old = old
+        self.con = sqlite3.connect(self.path)
+        script = ddl(old)
+        if not nvtx:
+            script = re.sub(r"CREATE TABLE NVTX_EVENTS \(.*?\n\);", "", script, flags=re.S)
+        self.con.executescript(script)
+        self._strings: dict[str, int] = {}
+        self.vm = 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        self.con.commit()
+        self.con.close()
+
+    def string(self, value: str) -> int:
+        sid = self._strings.get(value)
+        if sid is None:
+            sid = self._strings[value] = len(self._strings) + 1
+            self.con.execute("INSERT INTO StringIds (id, value) VALUES (?, ?)", (sid, value))
+        return sid
+
+    def event(self, event_type: int, name: str | None, start: int, end: int | None, pid: int,
+              tid: int, *, registered: bool | None = None, domain: int = 0,
+              end_tid: int | None = None) -> int:
+        """Insert one NVTX_EVENTS row; the name goes to textId (registered) or text."""
+        registered = (not self.old) if registered is None else registered
+        text_id = self.string(name) if (registered and name is not None) else None
+        text = None if registered else name
+        end_gtid = None if end_tid is None else global_tid(pid, end_tid, self.vm)
+        cur = self.con.execute(
+            "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, endGlobalTid, "
+            "textId, domainId) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (start, end, event_type, text, global_tid(pid, tid, self.vm), end_gtid, text_id,
+             domain))
+        return cur.lastrowid
+
+    def range(self, name: str, start: int, end: int | None, pid: int = 100, tid: int | None = None,
+              **kw) -> int:
+        return self.event(PUSH_POP, name, start, end, pid, pid if tid is None else tid, **kw)
+
+    def start_end(self, name: str, start: int, end: int | None, pid: int = 100,
+                  tid: int | None = None, **kw) -> int:
+        return self.event(START_END, name, start, end, pid, pid if tid is None else tid, **kw)
+
+    def mark(self, name: str, t: int, pid: int = 100, tid: int | None = None, **kw) -> int:
+        return self.event(MARK, name, t, None, pid, pid if tid is None else tid, **kw)
+
+    def domain(self, domain_id: int, name: str, pid: int = 100, t: int = 0) -> int:
+        """A domain-create row (type 75, NULL end): domain ids are per process."""
+        return self.event(DOMAIN_CREATE, name, t, None, pid, pid, domain=domain_id)
+
+    def thread_name(self, name: str, pid: int, tid: int, event: bool = False) -> None:
+        """Name a thread through the ThreadNames table or, with `event`, an NvtxThread row."""
+        if event:
+            self.event(THREAD, name, 0, None, pid, tid, registered=False)
+        else:
+            self.con.execute(
+                "INSERT INTO ThreadNames (nameId, priority, globalTid) VALUES (?, ?, ?)",
+                (self.string(name), 0, global_tid(pid, tid, self.vm)))
+
+    def process(self, pid: int, name: str) -> None:
+        self.con.execute("INSERT INTO PROCESSES (globalPid, pid, name) VALUES (?, ?, ?)",
+                         (global_tid(pid, 0, self.vm), pid, name))
+
+
+# --- the scripted profile most analyzer tests share ------------------------------------------
+API_PID, WORKER_PID = 100, 200
+SE_TID, SE_END_TID = 201, 202
+LAST_T = 9000  # the profile's last timestamp: where unclosed ranges end
+
+
+def write_pipeline(f: NsysFile, stages) -> None:
+    """An API server and a worker running three steps (encoder, cache hit, encoder).
+
+    Covers per-process domains with the same id, a mark with NULL end, an unclosed range, a
+    start/end range ending on another thread, thread names from both sources, and the
+    unprefixed `vit_forward` spelling.
+    """
+    f.process(API_PID, "api_server")
+    f.process(WORKER_PID, "EngineCore")
+    f.domain(1, "mmscope-api", pid=API_PID)
+    f.domain(1, "mmscope-worker", pid=WORKER_PID)
+    f.thread_name("api", API_PID, API_PID, event=True)
+    f.thread_name("worker-0", WORKER_PID, WORKER_PID)
+    f.range(stages.processor_range("apply_hf_processor"), 0, 1000, pid=API_PID)
+    f.range(stages.hash_range("pil_image"), 100, 300, pid=API_PID)
+    f.mark("request_arrived", 500, pid=API_PID)
+    f.range("api domain range", 2000, 2500, pid=API_PID, domain=1)
+    w = WORKER_PID
+    f.range(stages.step_meta_range(stages.StepShape(8, 0, 8, 1)), 1000, 1000, pid=w)
+    f.range(stages.PREPROCESS, 1100, 2100, pid=w)
+    f.range(stages.EC_LOAD, 1150, 1200, pid=w)
+    f.range("worker domain range", 1150, 1160, pid=w, domain=1)
+    f.range("vit_forward", 1200, 1700, pid=w)
+    f.range(stages.EC_SAVE, 1700, 1800, pid=w)
+    f.mark("cache_probe", 1750, pid=w)
+    f.range(stages.GATHER_MM_EMBEDDINGS, 1800, 1900, pid=w)
+    f.range(stages.EMBED_INPUT_IDS, 1900, 2000, pid=w)
+    f.range(stages.FORWARD, 2200, 3200, pid=w)
+    f.start_end("ec transfer", 2500, LAST_T, pid=w, tid=SE_TID, end_tid=SE_END_TID)
+    f.range(stages.step_meta_range(stages.StepShape(0, 2, 2, 2)), 4000, 4000, pid=w)
+    f.range(stages.PREPROCESS, 4100, 4400, pid=w)
+    f.range(stages.EC_LOAD, 4150, 4250, pid=w)
+    f.range(stages.GATHER_MM_EMBEDDINGS, 4250, 4350, pid=w)
+    f.range(stages.FORWARD, 4500, 5000, pid=w)
+    f.range(stages.step_meta_range(stages.StepShape(4, 1, 5, 2)), 6000, 6000, pid=w)
+    f.range(stages.PREPROCESS, 6100, 7300, pid=w)
+    f.range("vit_forward", 6200, 6900, pid=w)
+    f.range(stages.EC_SAVE, 6900, 7000, pid=w)
+    f.range(stages.GATHER_MM_EMBEDDINGS, 7000, 7100, pid=w)
+    f.range(stages.FORWARD, 7400, 8400, pid=w)
+    f.range(stages.POSTPROCESS, 8500, None, pid=w)
+
+
+def pipeline_file(path, old: bool = False, vm: int = 1) -> str:
+    from mmscope import stages
+
+    with NsysFile(path, old=old) as f:
+        f.vm = vm
+        write_pipeline(f, stages)
+    return str(path)

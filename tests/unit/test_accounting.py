@@ -1,0 +1,210 @@
+"""The accounting core: exact counts for scripted steps, and properties against a plain model."""
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings, strategies as st
+
+from mmscope.carry.ledger import Decision, EncoderCacheLedger, Item, probe_line
+
+D = Decision
+
+
+def item(req, idx, key=None, modality="image"):
+    return Item(req, idx, modality, key or f"h-{req}-{idx}", 16)
+
+
+def test_a_miss_needs_the_encoder_to_be_scheduled():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0), D.COMPUTE)
+    led.propose(item("b", 0), D.COMPUTE)
+    # b was probed but not scheduled (e.g. no KV blocks): nothing of it counts.
+    led.commit_step({"a": 10}, {"a": [0]})
+    s = led.drain()
+    assert (s.queries, s.hits, s.misses, s.deferrals, s.requests) == (1, 0, 1, 0, 1)
+
+
+def test_deferred_items_count_only_as_deferrals_until_committed():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0), D.COMPUTE)
+    led.propose(item("a", 1), D.DEFERRED)
+    led.commit_step({"a": 5}, {"a": [0]})
+    s = led.drain()
+    assert (s.queries, s.misses, s.deferrals) == (1, 1, 1)
+    led.propose(item("a", 1), D.COMPUTE)
+    led.commit_step({"a": 5}, {"a": [1]})
+    s = led.drain()
+    assert (s.queries, s.misses, s.deferrals) == (1, 1, 0)
+
+
+def test_chunked_prefill_counts_each_item_once_until_freed():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0), D.COMPUTE)
+    led.commit_step({"a": 8}, {"a": [0]})
+    led.propose(item("a", 0), D.LOCAL_HIT)  # next chunk sees its own entry
+    led.commit_step({"a": 8}, {})
+    assert led.drain().queries == 1
+    led.forget("a")  # preempted: entries freed
+    led.propose(item("a", 0), D.LOCAL_HIT)
+    led.commit_step({"a": 8}, {})
+    s = led.drain()
+    assert (s.queries, s.hits, s.hits_by_source) == (1, 1, Counter(local=1))
+
+
+def test_sources_local_in_step_connector():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0, "x"), D.COMPUTE)
+    led.propose(item("a", 1, "x"), D.DUPLICATE)
+    led.allocated("x")
+    led.propose(item("b", 0, "x"), D.LOCAL_HIT)  # resident only because a computes it now
+    led.propose(item("c", 0, "y"), D.CONNECTOR)
+    led.propose(item("d", 0, "z", "video"), D.LOCAL_HIT)
+    led.commit_step({"a": 1, "b": 1, "c": 1, "d": 1}, {"a": [0]})
+    s = led.drain()
+    assert (s.queries, s.hits, s.misses) == (5, 4, 1)
+    assert s.hits_by_source == Counter(in_step=2, connector=1, local=1)
+    assert s.queries_by_modality == Counter(image=4, video=1)
+    assert s.hits_by_modality == Counter(image=3, video=1)
+
+
+def test_probe_lines_carry_ids_counts_and_hash_prefix_only():
+    lines = []
+    led = EncoderCacheLedger(probe=lambda o, i, s: lines.append(probe_line(o, i, s)))
+    led.propose(Item("r1", 0, "image", "3f2a" * 16, 576), D.LOCAL_HIT)
+    led.propose(Item("r1", 1, "image", "beef" * 16, 576), D.DEFERRED)
+    led.commit_step({"r1": 1}, {})
+    assert lines == [
+        "mm_cache_probe HIT source=local req=r1 item=0 modality=image hash=3f2a3f2a3f2a3f2a embeds=576",
+        "mm_cache_probe DEFERRED req=r1 item=1 modality=image hash=beefbeefbeefbeef embeds=576",
+    ]
+
+
+def test_wire_round_trip_and_add():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0, "x"), D.COMPUTE)
+    led.propose(item("b", 0, "y"), D.CONNECTOR)
+    led.evicted(2)
+    led.occupancy(32, 256)
+    led.commit_step({"a": 1, "b": 1}, {"a": [0]})
+    s = led.drain()
+    assert s.to_wire() == {"requests": 2, "queries": 2, "hits": 1, "misses": 1, "deferrals": 0,
+                           "evictions": 2, "hits_by_source:connector": 1,
+                           "queries_by_modality:image": 2, "hits_by_modality:image": 1,
+                           "usage_embeds": 32, "capacity_embeds": 256}
+    assert all(type(v) is int for v in s.to_wire().values())
+    # Occupancy carries over a drain; counts do not.
+    nxt = led.drain()
+    assert (nxt.queries, nxt.usage_embeds, nxt.capacity_embeds) == (0, 32, 256)
+
+
+# --- property test against a plain model -------------------------------------------------------
+decisions = st.sampled_from(list(Decision))
+proposal = st.tuples(st.sampled_from("abc"), st.integers(0, 2), decisions)
+step = st.tuples(st.lists(proposal, max_size=6), st.sets(st.sampled_from("abc")),
+                 st.sets(st.sampled_from("abc")))  # proposals, scheduled, forgotten after
+
+
+def decided(proposals):
+    """One decision per (request, item) and step: the last proposed, but a duplicate stays one."""
+    last = {}
+    for req, idx, dec in proposals:
+        if last.get((req, idx)) is not Decision.DUPLICATE:
+            last[req, idx] = dec
+    return last
+
+
+def runs_encoder(idx, dec) -> bool:
+    """The items the encoder computes in the script: every COMPUTE, and the even-numbered items
+    reserved with a connector present (the odd ones the connector loads)."""
+    return dec is Decision.COMPUTE or (dec is Decision.ALLOCATED and idx % 2 == 0)
+
+
+def reference(steps):
+    """DESIGN §4 restated plainly: a (request, item) counts once per residency."""
+    q = h = m = d = 0
+    done: dict[str, set] = {r: set() for r in "abc"}
+    for proposals, scheduled, forgotten in steps:
+        for (req, idx), dec in decided(proposals).items():
+            if dec is Decision.DEFERRED:
+                d += 1
+            elif req in scheduled and idx not in done[req]:
+                done[req].add(idx)
+                q += 1
+                if runs_encoder(idx, dec):
+                    m += 1
+                else:
+                    h += 1
+        for req in forgotten:
+            done[req] = set()
+    return q, h, m, d
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(step, max_size=8))
+def test_ledger_matches_reference_model(steps):
+    led = EncoderCacheLedger()
+    total = Counter()  # the wire forms added up, as the API server's loggers do
+    for proposals, scheduled, forgotten in steps:
+        computed: dict[str, list[int]] = {}
+        for req, idx, dec in proposals:
+            led.propose(item(req, idx), dec)
+        for (req, idx), dec in decided(proposals).items():
+            if runs_encoder(idx, dec):
+                computed.setdefault(req, []).append(idx)
+        led.commit_step(scheduled, {r: v for r, v in computed.items() if r in scheduled})
+        for req in forgotten:
+            led.forget(req)
+        s = led.drain()
+        assert s.queries == s.hits + s.misses
+        assert sum(s.hits_by_source.values()) == s.hits
+        total.update(s.to_wire())
+    counted = (total["queries"], total["hits"], total["misses"], total["deferrals"])
+    assert counted == reference(steps)
+
+
+def test_no_news_until_something_changes():
+    led = EncoderCacheLedger()
+    led.occupancy(0, 64)
+    assert led.has_news  # the capacity itself is news the first time
+    first = led.drain()
+    assert (first.usage_embeds, first.capacity_embeds, first.queries) == (0, 64, 0)
+    led.occupancy(0, 64)
+    assert not led.has_news  # a decode step: nothing counted, nothing moved
+    led.occupancy(16, 64)
+    assert led.has_news and led.drain().usage_embeds == 16
+    led.propose(item("a", 0), D.DEFERRED)
+    led.commit_step({}, {})
+    assert led.has_news
+    s = led.drain()
+    assert (s.deferrals, s.usage_embeds) == (1, 16)
+    assert not led.has_news
+    led.evicted(2)
+    assert led.has_news and led.drain().evictions == 2
+
+def test_one_decision_per_item_and_step_and_nothing_replaces_a_duplicate():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0, "x"), D.LOCAL_HIT)
+    led.propose(item("a", 0, "x"), D.COMPUTE)  # a later decision for the same item replaces it
+    led.propose(item("a", 1, "x"), D.DUPLICATE)
+    # When the scheduler reserves space for the first copy, it checks the duplicate against the
+    # cache once more: resident by then, but no hit of its own.
+    led.propose(item("a", 1, "x"), D.LOCAL_HIT)
+    assert led.proposals and sorted(led.proposals["a"]) == [0, 1]
+    led.commit_step({"a": 1}, {"a": [0]})
+    assert not led.proposals  # the same dict, emptied: the engine adapter's guard reads it
+    s = led.drain()
+    assert (s.queries, s.hits, s.misses, dict(s.hits_by_source)) == (2, 1, 1, {"in_step": 1})
+
+
+def test_reserved_with_a_connector_is_a_miss_when_computed_else_a_connector_hit():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0, "x"), D.ALLOCATED)  # computed this step
+    led.propose(item("a", 1, "y"), D.ALLOCATED)  # loaded by the connector
+    led.propose(item("b", 0, "z"), D.ALLOCATED)  # b not scheduled after all: nothing counts
+    led.commit_step({"a": 1}, {"a": [0]})
+    s = led.drain()
+    assert (s.queries, s.hits, s.misses, s.requests) == (2, 1, 1, 1)
+    assert dict(s.hits_by_source) == {"connector": 1}
+    led.propose(item("a", 1, "y"), D.ALLOCATED)  # chunked prefill: counted once
+    led.commit_step({"a": 1}, {})
+    assert led.drain().queries == 0
