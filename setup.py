@@ -50,19 +50,6 @@ setup(
             extra_link_args=["-lpthread"],
             optional=OPTIONAL,
         ),
-        Extension(
-            "mmscope.record._sqlite_pages",
-            sources=["src/mmscope/record/sqlite_pages.c"],
-            extra_compile_args=list(COMMON),
-            extra_link_args=["-lm"],
-            optional=OPTIONAL,
-        ),
-        Extension(
-            "mmscope.analyze._analysis_kernels",
-            sources=["src/mmscope/analyze/_analysis_kernels.c"],
-            extra_compile_args=list(COMMON),
-            optional=True,
-        ),
     ],
     cmdclass={"build_ext": BuildExt},
 )
