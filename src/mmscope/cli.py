@@ -14,7 +14,7 @@ from mmscope.errors import UserError
 
 # name -> (module, one-line help). Modules are imported lazily so `mmscope --help` stays fast.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("mmscope.demo", "run the whole pipeline on a tiny built-in model on the CPU"),
+    "demo": ("mmscope.demo.command", "run the whole pipeline on a tiny built-in model on the CPU"),
     "tiny-model": ("mmscope.demo.tiny_model", "build a tiny vision-language model directory that vLLM serves"),
     "doctor": ("mmscope.vllm.doctor", "check every vLLM hook against the installed vLLM"),
     "analyze": ("mmscope.analyze.command", "per-stage table, checks and step join of a profile"),

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mmscope import stages
-from tests.kit import traces as trace_kit as tk
+from tests.kit import traces as tk
 
 pytestmark = pytest.mark.vllm
 

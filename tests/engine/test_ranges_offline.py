@@ -10,7 +10,7 @@ import pytest
 
 from mmscope import stages
 from mmscope.emit import tracing
-from tests.kit import traces as trace_kit as tk
+from tests.kit import traces as tk
 from tests.kit.engine import EncoderWork, image, offline_llm, prompt
 
 pytestmark = pytest.mark.vllm

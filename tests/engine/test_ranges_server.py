@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mmscope import stages
-from tests.kit import traces as trace_kit as tk
+from tests.kit import traces as tk
 from tests.kit.server import chat
 
 pytestmark = pytest.mark.vllm

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-import fixtures_nsys as F
+from tests.kit import nsys as F
 from mmscope import cli, stages
 from mmscope.analyze import cache, command
 

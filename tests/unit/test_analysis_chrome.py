@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-import fixtures_nsys as F
+from tests.kit import nsys as F
 from mmscope import stages
 from mmscope.analyze import chrome, load, nsys
 from mmscope.errors import UserError

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-import fixtures_nsys as F
+from tests.kit import nsys as F
 from mmscope import cli, stages
 
 NEEDED = {"name", "count", "total_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns"}

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fixtures_nsys as F
+from tests.kit import nsys as F
 from mmscope import stages
 from mmscope.analyze import kernels, nsys, nsys_pages, report
 from mmscope.analyze.table import nest

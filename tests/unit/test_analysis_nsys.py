@@ -6,7 +6,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-import fixtures_nsys as F
+from tests.kit import nsys as F
 from mmscope import stages
 from mmscope.analyze import nsys
 from mmscope.errors import UserError

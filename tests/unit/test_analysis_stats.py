@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-import fixtures_nsys as F
+from tests.kit import nsys as F
 from mmscope import stages
 from mmscope.analyze import benefit, nsys, stats, steps
 

@@ -13,7 +13,7 @@ from mmscope import stages
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import FRONTEND, WORKER
 from mmscope.vllm import patching, ranges
-from tests.kit import traces as trace_kit as tk
+from tests.kit import traces as tk
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmscope import stages, telemetry, tracing
+from mmscope import stages
+from mmscope.emit import step_shape as telemetry, tracing
 from mmscope.emit.chrome import ChromeTraceWriter
 from mmscope.vllm import ranges
 

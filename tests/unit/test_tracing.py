@@ -13,7 +13,7 @@ import time
 import pytest
 
 from mmscope.emit import tracing
-from mmscope.emit.tracing import chrome as chrome_writer
+from mmscope.emit import chrome as chrome_writer
 from mmscope.emit.chrome import ChromeTraceWriter, read_events
 
 
@@ -269,7 +269,7 @@ def test_chrome_loses_no_event_appended_while_flushing(tmp_path):
 def test_c_formatter_writes_the_python_formatters_bytes():
     import random
 
-    from mmscope.emit.tracing import chrome
+    from mmscope.emit import chrome
 
     # The C formatter is built by pip install on Linux; its absence there is a build failure.
     assert chrome._c_format is not None or not sys.platform.startswith("linux")
