@@ -20,14 +20,16 @@ pytestmark = pytest.mark.vllm
 def traced(tiny_model, tmp_path_factory):
     trace_dir = tmp_path_factory.mktemp("traces")
     tracing.configure("chrome", str(trace_dir))
-    from mmscope.vllm import ranges
-    ranges.route_vllm_ranges()
+    from mmscope.vllm.instrumentor import get_instrumentor
+    get_instrumentor().uninstrument()  # instrument() again now that tracing is on: as at the
+    get_instrumentor().instrument()  # start of a process with MMSCOPE_TRACE=chrome
     llm = offline_llm(tiny_model)
     work = EncoderWork()
     lines: list[str] = []
-    step_logger = logging.getLogger("vllm.mmscope.step_tokens")
+    step_logger = logging.getLogger("vllm.mmscope")
     handler = logging.Handler()
-    handler.emit = lambda r: lines.append((r.levelno, r.getMessage()))
+    handler.emit = lambda r: (r.getMessage().startswith("step_tokens")
+                              and lines.append((r.levelno, r.getMessage())))
     step_logger.addHandler(handler)
     step_logger.setLevel(logging.DEBUG)
     yield llm, work, trace_dir, lines
@@ -35,8 +37,8 @@ def traced(tiny_model, tmp_path_factory):
     step_logger.setLevel(logging.NOTSET)
     work.close()
     tracing.configure("off")
-    import vllm.v1.utils as vutils
-    vutils._PROFILER_FUNC = None
+    get_instrumentor().uninstrument()
+    get_instrumentor().instrument()
 
 
 def generate(llm, prompts, max_tokens=3):

@@ -44,24 +44,30 @@ class EncoderCacheStats:
     misses: int = 0
     deferrals: int = 0
     evictions: int = 0
+    # items whose placeholders all lay in prefix-cache hits: the encoder was spared, not queried
+    prefix_covered: int = 0
     hits_by_source: Counter = field(default_factory=Counter)
     queries_by_modality: Counter = field(default_factory=Counter)
     hits_by_modality: Counter = field(default_factory=Counter)
+    prefix_covered_by_modality: Counter = field(default_factory=Counter)
     usage_embeds: int | None = None
     capacity_embeds: int | None = None
 
     @property
     def empty(self) -> bool:
-        return not (self.queries or self.deferrals or self.evictions)
+        return not (self.queries or self.deferrals or self.evictions or self.prefix_covered)
 
     # The wire form is a flat dict[str, int]: msgspec carries it between processes untouched, and
     # the API server's loggers add it up key by key (stat_loggers.EncoderCacheProm.observe).
     def to_wire(self) -> dict[str, int]:
         wire = {"requests": self.requests, "queries": self.queries, "hits": self.hits,
-                "misses": self.misses, "deferrals": self.deferrals, "evictions": self.evictions}
+                "misses": self.misses, "deferrals": self.deferrals, "evictions": self.evictions,
+                "prefix_covered": self.prefix_covered}
         wire.update({f"hits_by_source:{k}": v for k, v in self.hits_by_source.items()})
         wire.update({f"queries_by_modality:{k}": v for k, v in self.queries_by_modality.items()})
         wire.update({f"hits_by_modality:{k}": v for k, v in self.hits_by_modality.items()})
+        wire.update({f"prefix_covered_by_modality:{k}": v
+                     for k, v in self.prefix_covered_by_modality.items()})
         if self.capacity_embeds is not None:
             wire["usage_embeds"] = self.usage_embeds or 0
             wire["capacity_embeds"] = self.capacity_embeds
@@ -112,6 +118,19 @@ class EncoderCacheLedger:
         commits its items again."""
         self._committed.pop(request_id, None)
 
+    def prefix_covered(self, item: Item) -> None:
+        """The request was scheduled with all of the item's placeholder tokens in prefix-cache
+        hits: vLLM never looks the item up (DESIGN §4 "prefix-covered"). Once per (request,
+        item), like a query."""
+        done = self._committed[item.request_id]
+        if item.index in done:
+            return
+        done.add(item.index)
+        self._stats.prefix_covered += 1
+        self._stats.prefix_covered_by_modality[item.modality] += 1
+        if self.probe:
+            self.probe("PREFIX_COVERED", item, None)
+
     def evicted(self, count: int) -> None:
         self._stats.evictions += count
 
@@ -139,13 +158,15 @@ class EncoderCacheLedger:
                 self._defer(item)
             elif item.index in done:
                 continue  # chunked prefill visits the item again: counted once
-            elif decision is Decision.COMPUTE or decision is Decision.ALLOCATED:
-                if item.index in computed:  # a miss only once the encoder is really scheduled
-                    self._count(item, None)
-                elif decision is Decision.ALLOCATED:  # reserved, not computed: loaded
-                    self._count(item, Decision.CONNECTOR.value)
-                else:
-                    continue
+            elif decision is Decision.COMPUTE:
+                # Reserved for the encoder: vLLM reserves exactly the step's computed items of a
+                # scheduled request (scheduled_encoder_inputs), so this is a miss.
+                self._count(item, None)
+                done.add(item.index)
+                committed_any = True
+            elif decision is Decision.ALLOCATED:
+                # Reserved with a connector: computed (a miss) or loaded (a connector hit)
+                self._count(item, None if item.index in computed else Decision.CONNECTOR.value)
                 done.add(item.index)
                 committed_any = True
             else:

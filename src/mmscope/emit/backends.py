@@ -1,11 +1,10 @@
-"""The tracing backends behind `span`/`mark`: NVTX ranges and Chrome trace-event files.
+"""The tracing backends behind `span`/`mark`: NVTX ranges, Chrome trace-event files, torch ranges.
 
-Each backend has begin(name) -> token, end(name, token), mark(name), flush() and close(), and
-span_factory: its own cheaper span where it has one (the chrome backend's C span), else None.
+Each backend has begin(name) -> token, end(name, token), mark(name), flush() and close().
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Protocol
 
 from mmscope.emit.chrome import ChromeTraceWriter
 
@@ -13,8 +12,6 @@ from mmscope.emit.chrome import ChromeTraceWriter
 class Backend(Protocol):
     name: str
     live: bool  # False when nothing would be recorded (NVTX with no tool attached)
-    # name -> context manager recording on this backend alone, cheaper than tracing.span; or None
-    span_factory: Callable[[str], object] | None
 
     def begin(self, name: str) -> object: ...
     def end(self, name: str, token: object) -> None: ...
@@ -27,36 +24,30 @@ class NvtxBackend:
     """Push/pop ranges in NVTX's default domain, where vLLM's own `nvtx.annotate` ranges live."""
 
     name = "nvtx"
-    span_factory = None
 
     def __init__(self):
         import nvtx
-        from nvtx._lib import pop_range, push_range
 
-        # With no tool attached (no nsys, no `mmscope record`) NVTX hands out a dummy domain and
-        # every call is a no-op; we skip the calls altogether then.
+        # With no tool attached (no nsys, no `mmscope record`) every NVTX call is a no-op: the
+        # backend is then left out altogether.
         self._domain = nvtx.get_domain(None)
-        self.live = self._domain is not nvtx._lib.dummy_domain
-        self._handle = getattr(self._domain, "handle", None)
+        self.live = isinstance(self._domain, nvtx.Domain)  # else nvtx's documented DummyDomain
         self._attrs: dict[str, object] = {}
-        self._push = push_range
-        self._pop = pop_range
-
-    def _new_attr(self, name: str):
-        # Cached event attributes, as nvtx.annotate keeps them: one registered string per name.
-        attr = self._attrs[name] = self._domain.get_event_attributes(message=name)
-        return attr
 
     def begin(self, name: str) -> None:
-        self._push(self._attrs.get(name) or self._new_attr(name), self._handle)
+        # Cached event attributes, as nvtx.annotate keeps them: one registered string per name.
+        attr = self._attrs.get(name)
+        if attr is None:
+            attr = self._attrs[name] = self._domain.get_event_attributes(message=name)
+        self._domain.push_range(attr)
 
     def end(self, name: str, token: object) -> None:
-        self._pop(self._handle)
+        self._domain.pop_range()
 
     def mark(self, name: str) -> None:
         # A zero-duration push/pop, as the seed's step_meta: nsys shows it as a range.
         self.begin(name)
-        self._pop(self._handle)
+        self._domain.pop_range()
 
     def flush(self) -> None:
         pass
@@ -74,7 +65,6 @@ class ChromeBackend:
     def __init__(self, trace_dir: str):
         self.writer = ChromeTraceWriter.for_process(trace_dir)
         self._now, self._complete = self.writer.now, self.writer.complete
-        self.span_factory = self.writer.c_span_factory()
 
     def begin(self, name: str) -> int:
         return self._now()  # the token is the start time
@@ -93,9 +83,42 @@ class ChromeBackend:
         self.writer.flush()  # not the file: other configurations may share this process's writer
 
 
+class TorchBackend:
+    """`torch.profiler.record_function` ranges, so that the traces of vLLM's own torch profiler
+    (--profiler-config) hold the stage tree beside vLLM's scopes."""
+
+    name = "torch"
+    live = True
+
+    def __init__(self):
+        from torch.profiler import record_function
+
+        self._record = record_function
+
+    def begin(self, name: str) -> object:
+        rf = self._record(name)
+        rf.__enter__()
+        return rf
+
+    def end(self, name: str, token) -> None:
+        token.__exit__(None, None, None)
+
+    def mark(self, name: str) -> None:
+        with self._record(name):
+            pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def make_backend(name: str, trace_dir: str) -> Backend:
     if name == "nvtx":
         return NvtxBackend()
     if name == "chrome":
         return ChromeBackend(trace_dir)
+    if name == "torch":
+        return TorchBackend()
     raise ValueError(name)

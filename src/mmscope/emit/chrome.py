@@ -1,8 +1,7 @@
 """A Chrome/Perfetto trace-event file per process, appended to in the JSON Array Format.
 
-Each flush appends whole events in one write; the closing `]` comes at exit. The trace-event format
-makes that bracket optional precisely so that a killed process still leaves a readable trace;
-`read_events` reads such a file too.
+A thread appends whole events every FLUSH_INTERVAL_S; the closing `]` comes at exit. The format
+makes that bracket optional precisely so that a killed process leaves a readable trace.
 """
 from __future__ import annotations
 
@@ -15,8 +14,11 @@ import time
 
 # Beyond this many unflushed events a process keeps counting but stops storing.
 MAX_PENDING = 1_000_000
-FLUSH_INTERVAL_S = 2.0
-FLUSH_CHUNK = 256  # events formatted per hold of the GIL (0.2 ms in Python, 20 us in C)
+# vLLM's default shutdown kills EngineCore and its workers without running atexit: the timed
+# flush bounds what a stop (or kill -9) loses to this interval.
+FLUSH_INTERVAL_S = 0.5
+FLUSH_CHUNK = 256  # events formatted per hold of the GIL (about 0.2 ms)
+CLOCK = "CLOCK_MONOTONIC"  # time.perf_counter_ns on Linux
 # Names are JSON-quoted once and kept; step_meta names change with every batch shape, so in a
 # long-running server the kept set is bounded (cleared when full: re-quoting costs 1 us a name).
 MAX_QUOTED = 4096
@@ -33,7 +35,6 @@ class ChromeTraceWriter:
         self.thread_names: dict[int, str] = {}
         self._new_threads: list[int] = []
         self._dropped = 0
-        self._c_spans = None  # the C span factory, made on first request
         self.closed = False
         self._quoted: dict[str, str] = {}
         self._flush_lock = threading.Lock()
@@ -42,7 +43,13 @@ class ChromeTraceWriter:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         process = {"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
                    "args": {"name": multiprocessing.current_process().name}}
-        os.write(self._fd, ("[\n" + json.dumps(process) + ",\n").encode())
+        # The clock domain first, so that a reader can align this file with traces on other
+        # clocks (torch's wall-clock base) even when the process was killed.
+        clock = {"name": "clock", "ph": "M", "pid": self.pid, "tid": 0,
+                 "args": {"clock": CLOCK, "producer": "mmscope",
+                          "wall_minus_clock_ns": time.time_ns() - time.perf_counter_ns()}}
+        os.write(self._fd, ("[\n" + json.dumps(process) + ",\n" + json.dumps(clock)
+                            + ",\n").encode())
         atexit.register(self.close)
         self._start_flusher()
 
@@ -60,16 +67,8 @@ class ChromeTraceWriter:
 
     @property
     def dropped(self) -> int:
-        """Events counted but not stored (pending was full), by either path."""
-        return self._dropped + (self._c_spans.dropped if self._c_spans is not None else 0)
-
-    def c_span_factory(self):
-        """A C factory of spans that append to this writer's `pending`, or None where the
-        extension lacks it; one per writer, so that its thread set and drop count are the writer's.
-        It holds MAX_PENDING as it is now (as `max_pending`): the hot path reads no global."""
-        if self._c_spans is None and _CSpanFactory is not None:
-            self._c_spans = _CSpanFactory(self.pending, self._register_tid, MAX_PENDING)
-        return self._c_spans
+        """Events counted but not stored (pending was full)."""
+        return self._dropped
 
     def complete(self, name: str, start_ns: int, end_ns: int) -> None:
         try:
@@ -84,14 +83,10 @@ class ChromeTraceWriter:
 
     def _register_thread(self) -> int:
         tid = self._tls.tid = threading.get_native_id()
-        self._register_tid(tid)
-        return tid
-
-    def _register_tid(self, tid: int) -> None:
-        # Called by both paths (the C span once per thread and factory), so idempotent.
         if tid not in self.thread_names:
             self.thread_names[tid] = threading.current_thread().name
             self._new_threads.append(tid)
+        return tid
 
     def _start_flusher(self) -> None:
         def loop():
@@ -133,19 +128,12 @@ class ChromeTraceWriter:
             yield self._format(events[i:i + FLUSH_CHUNK])
 
     def _format(self, events: list) -> bytes:
-        # Names are JSON-escaped once; the C formatter (10x faster) where it was built.
+        # Names are JSON-escaped once and kept.
         quoted = self._quoted
-        if _c_format is not None:
-            try:
-                return _c_format(events, quoted, self.pid)
-            except KeyError:
-                pass  # a name seen for the first time: quote the new names, then format
         if len(quoted) > MAX_QUOTED:
             quoted.clear()
         for n in {e[0] for e in events}.difference(quoted):
             quoted[n] = json.dumps(n)
-        if _c_format is not None:
-            return _c_format(events, quoted, self.pid)
         return format_events(events, quoted, self.pid)
 
     def close(self) -> None:
@@ -156,7 +144,7 @@ class ChromeTraceWriter:
             if self.closed:
                 return
             end = json.dumps({"name": "trace_end", "ph": "M", "pid": self.pid, "tid": 0,
-                              "args": {"producer": "mmscope", "clock": "CLOCK_MONOTONIC",
+                              "args": {"producer": "mmscope", "clock": CLOCK,
                                        "dropped_events": self.dropped}})
             os.write(self._fd, b"".join(self._take()) + (end + "\n]\n").encode())
             os.close(self._fd)
@@ -165,20 +153,10 @@ class ChromeTraceWriter:
 
 def format_events(events: list, quoted: dict[str, str], pid: int) -> bytes:
     """Complete ("X") events as JSON lines, formatted by hand (json.dumps per event costs 4x as
-    much). Chrome wants microseconds; integer arithmetic keeps the nanoseconds as three decimals.
-    _chrome_format.c writes the same bytes."""
+    much). Chrome wants microseconds; integer arithmetic keeps the nanoseconds as three decimals."""
     fmt = '{"name":%s,"ph":"X","ts":%d.%03d,"dur":%d.%03d,"pid":' + str(pid) + ',"tid":%d},\n'
     return "".join([fmt % (quoted[n], *divmod(t0, 1000), *divmod(t1 - t0, 1000), tid)
                     for n, t0, t1, tid in events]).encode()
-
-
-try:  # built by pip install (setup.py); optional, the Python formatter writes the same bytes
-    from mmscope.emit.tracing import _chrome_format
-except ImportError:
-    _chrome_format = None
-_c_format = getattr(_chrome_format, "format_events", None)
-# The C span (Linux only): without it tracing.span_factory() hands out the Python span.
-_CSpanFactory = getattr(_chrome_format, "ChromeSpanFactory", None)
 
 
 def read_events(text: str) -> list | dict:

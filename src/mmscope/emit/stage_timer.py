@@ -1,5 +1,5 @@
-"""Stage durations without a profiler: `timed_stage(name)` is a span that also records its host
-wall time into a per-process collector, drained into Prometheus histograms.
+"""Stage durations without a profiler: `timed_stage(name, collector)` is a span that also records
+its host wall time into a per-process collector, drained into Prometheus histograms.
 
 Two collectors, because in an in-process engine the API server and the worker share one process.
 """
@@ -16,8 +16,6 @@ MAX_PER_STAGE = 20_000
 
 class StageCollector:
     def __init__(self):
-        # The live dict is never replaced (drain() empties it): the C stage wrappers append to
-        # its lists directly and call record() only for a stage at its bound.
         self.durations: dict[str, list[int]] = {}
         self.dropped = 0
         self.collected_in_process = False  # drained by a consumer in this process (the scheduler)
@@ -50,28 +48,40 @@ ENABLED = os.environ.get("MMSCOPE_STAGE_METRICS", "1").strip() not in ("0", "fal
 
 
 class timed_stage:
-    """`with timed_stage(name, WORKER):` — a tracing span plus a duration for the histograms."""
+    """`with timed_stage(name, WORKER):` a tracing span plus a duration for the histograms, around
+    `inner` (another context manager, e.g. vLLM's own timer) where one is given."""
 
-    __slots__ = ("name", "collector", "_span", "_t0")
+    __slots__ = ("name", "collector", "inner", "_span", "_t0")
 
-    def __init__(self, name: str, collector: StageCollector):
-        self.name, self.collector = name, collector
+    def __init__(self, name: str, collector: StageCollector, inner=None):
+        self.name, self.collector, self.inner = name, collector, inner
         # No span object at all while tracing is off: this runs several times per step.
-        self._span = tracing.span_factory()(name) if tracing.on else None
+        self._span = tracing.span(name) if tracing.on else None
 
     def __enter__(self):
         if self._span is not None:
             self._span.__enter__()
         self._t0 = time.perf_counter_ns()
-        return self
+        if self.inner is None:
+            return None
+        try:
+            return self.inner.__enter__()
+        except BaseException:
+            self._close(None, None, None)
+            raise
 
     def __exit__(self, exc_type, exc, tb):
+        try:
+            return self.inner.__exit__(exc_type, exc, tb) if self.inner is not None else False
+        finally:
+            self._close(exc_type, exc, tb)
+
+    def _close(self, exc_type, exc, tb):
         elapsed = time.perf_counter_ns() - self._t0
         if self._span is not None:
             self._span.__exit__(exc_type, exc, tb)
         if ENABLED:
             self.collector.record(self.name, elapsed)
-        return False
 
 
 def merge(into: dict[str, list[int]], more: dict[str, list[int]] | None) -> dict[str, list[int]]:

@@ -1,7 +1,6 @@
 """Per-step batch shape: the `step_tokens` log line and the zero-duration `step_meta` range.
 
-Prefill means the request has not yet computed its whole prompt (num_computed < num_prompt). The
-C observer (vllm/_step_telemetry.c) does the same per step; this module is its reference.
+Prefill means the request has not yet computed its whole prompt (num_computed < num_prompt).
 """
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from mmscope import stages
 from mmscope.emit import tracing
 
 INFO_EVERY = 50
-# The step_tokens message, % (step, prefill, decode, total, reqs); the C observer logs the same.
+# The step_tokens message, % (step, prefill, decode, total, reqs).
 STEP_TOKENS_FORMAT = "step_tokens step=%d prefill=%d decode=%d total=%d num_reqs=%d"
 
 

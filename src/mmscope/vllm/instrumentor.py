@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 
-from mmscope.vllm import ranges, schema, stat_loggers, targets
-from mmscope.vllm.patching import APPLIED, Hook, logger
+from mmscope.emit import tracing
+from mmscope.log import logger
+from mmscope.vllm import schema, stat_loggers, targets, worker
 
 ENV_VARS = {
     "VLLM_MM_CACHE_PROBE": "1: log one mm_cache_probe HIT/MISS/DEFERRED line per encoder input",
@@ -18,7 +19,8 @@ class VllmInstrumentor:
     supported = targets.SUPPORTED_VLLM
 
     def __init__(self):
-        self.hooks: list[Hook] = targets.all_hooks()
+        self.hooks = targets.all_hooks()
+        self.scope_hooks = targets.vllm_scope_hooks()
         self.instrumented = False
 
     def vllm_version(self) -> str | None:
@@ -45,21 +47,21 @@ class VllmInstrumentor:
         register_env_vars()
         schema.inject_scheduler_stats_fields()
         skipped = skipped_hooks()
-        for hook in self.hooks:
+        hooks = self.hooks + (self.scope_hooks if tracing.on else [])
+        for hook in hooks:
             if hook.name.startswith(skipped) or hook.feature in skipped:
                 hook.status = "off (MMSCOPE_SKIP_HOOKS)"
                 continue
             hook.apply()
         stat_loggers.install_log_filter()
-        ranges.route_vllm_ranges()
-        ranges.rewrap_instances()
+        worker.rewrap_instances()
         self.instrumented = True
         return self.status()
 
     def uninstrument(self) -> None:
-        for hook in reversed(self.hooks):
+        for hook in reversed(self.hooks + self.scope_hooks):
             hook.revert()
-        ranges.unwrap_instances()
+        worker.unwrap_instances()
         stat_loggers.remove_log_filter()
         self.instrumented = False
 
@@ -69,7 +71,7 @@ class VllmInstrumentor:
 
 def skipped_hooks() -> tuple[str, ...]:
     """MMSCOPE_SKIP_HOOKS=name-prefix,feature,...: leave those hooks out (an escape hatch for
-    production, and how the overhead benchmark attributes cost to each feature)."""
+    production, and how the cost benchmark attributes instructions to each feature)."""
     raw = os.environ.get("MMSCOPE_SKIP_HOOKS", "")
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 

@@ -4,10 +4,9 @@ vLLM starts EngineCore and workers with spawn on CPU, so this entry point is the
 """
 from __future__ import annotations
 
-import logging
 import os
 
-logger = logging.getLogger("mmscope")
+from mmscope.log import logger
 
 _registered_pid: int | None = None
 

@@ -1,177 +1,236 @@
-"""What the EngineCore hooks observe: the scheduler's per-item encoder decisions, fed to the ledger.
-
-The wrappers never change an argument or a return value; they only read them.
+"""EngineCore's wrappers: the scheduler's per-item encoder decisions, fed to the ledger, and the
+counts handed to the step's SchedulerStats. They never change an argument or a return value.
 """
 from __future__ import annotations
 
 import functools
 import os
 import time
+import weakref
 
 from mmscope.carry import access_log
 from mmscope.carry.ledger import Decision, EncoderCacheLedger, Item, probe_line
 from mmscope.emit.stage_timer import WORKER, merge
-from mmscope.vllm.patching import logger
+from mmscope.log import logger
+from mmscope.vllm.patching import failed
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
 # While the engine is busy, the counts and the worker's stage durations travel at most this often
 # (Prometheus scrapes every 5-60 s, vLLM's log line comes every 10 s); when it runs dry, at once.
-# Each emission costs a few hundred microseconds in place (cold caches), so not more often.
 SEND_EVERY_S = 1.0
+# The attribute a worker in another process sets on its ModelRunnerOutput (worker.py): the output
+# is pickled whole between processes, so an attribute rides along.
+SENT_DURATIONS = "_mmscope_stage_durations"
 
 
 def probe_enabled() -> bool:
     return os.environ.get(PROBE_ENV, "0").strip().lower() not in ("", "0", "false", "no")
 
 
-def _log_probe(outcome: str, item: Item, source: str | None) -> None:
-    logger.info(probe_line(outcome, item, source))
+class EngineState:
+    """What mmscope keeps per EncoderCacheManager (one per scheduler): the ledger, the stage
+    durations a worker process sent, when the counts last went out."""
+
+    def __init__(self, manager):
+        log_access = access_log.writer()
+        if log_access is not None:
+            log_access.capacity(manager.cache_size)
+        self.access_log = log_access
+        self.ledger = EncoderCacheLedger(probe=_sink(probe_enabled(), log_access))
+        self.worker_durations: dict[str, list[int]] = {}
+        self.sent = float("-inf")
+
+
+# Keyed weakly, so that mmscope never adds attributes to vLLM's objects nor keeps them alive.
+_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def state_of(manager) -> EngineState:
+    state = _states.get(manager)
+    if state is None:
+        state = _states[manager] = EngineState(manager)
+    return state
 
 
 def _sink(log_probe: bool, log_access):
     """Where committed decisions go: probe lines, the access log, both, or nowhere."""
+    def probe(outcome, item, source):
+        logger.info(probe_line(outcome, item, source))
+
     if log_probe and log_access:
         def both(outcome, item, source):
-            _log_probe(outcome, item, source)
+            probe(outcome, item, source)
             log_access.item(outcome, item, source)
         return both
     if log_access:
         return log_access.item
-    return _log_probe if log_probe else None
+    return probe if log_probe else None
 
 
-LEDGER = "_mmscope_ledger"  # the attribute of vLLM's EncoderCacheManager that holds our ledger
-# ...and the one that holds the ledger's pending proposals: schedule()'s guard (targets.py) reads
-# its truth in C, so a step that looked at no item runs no commit.
-PROPOSALS = "_mmscope_proposals"
-
-
-def ledger_of(manager) -> EncoderCacheLedger:
-    """The ledger lives on vLLM's EncoderCacheManager: one per scheduler, created on first use.
-    (Per-request observers read manager.__dict__[LEDGER] first, inline: one frame less.)"""
-    ledger = manager.__dict__.get(LEDGER)
-    if ledger is None:
-        log_access = access_log.writer()
-        if log_access is not None:
-            log_access.capacity(manager.cache_size)
-        ledger = EncoderCacheLedger(probe=_sink(probe_enabled(), log_access))
-        setattr(manager, LEDGER, ledger)
-        setattr(manager, PROPOSALS, ledger.proposals)
-        ledger.access_log = log_access
-    return ledger
+def _item(request, index: int) -> Item:
+    feature = request.mm_features[index]
+    return Item(request.request_id, index, feature.modality, feature.identifier,
+                feature.mm_position.get_num_embeds())
 
 
 # --- EncoderCacheManager: the scheduler's look at each item in a request's token window --------
-# vLLM's Scheduler._try_schedule_encoder_inputs asks the cache manager about every item in the
-# window: check_and_update_cache (resident?), then can_allocate (room and budget?). Those calls
-# only happen for items ahead of the computed tokens, so decode steps cost nothing here; wrapping
-# the scheduler's method itself meant a check on every running request in every step.
-def _item(request, index: int) -> Item:
-    feature = request.mm_features[index]
-    # tuple.__new__: the NamedTuple's own __new__ would add a Python frame per item
-    return _new_tuple(Item, (request.request_id, index, feature.modality, feature.identifier,
-                             feature.mm_position.get_num_embeds()))
+# Scheduler._try_schedule_encoder_inputs asks about every item in the window: check_and_update_cache
+# (resident?), then can_allocate (room and budget?). vLLM passes (request, input_id) positionally.
+def cache_checked(wrapped, manager, args, kwargs):
+    hit = wrapped(*args, **kwargs)
+    if hit:  # resident: a local hit, unless the item is a duplicate (ledger.propose)
+        try:
+            state_of(manager).ledger.propose(_item(*args[:2]), Decision.LOCAL_HIT)
+        except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
+            failed("encoder_cache.local_hit", e)
+    return hit
 
 
-_new_tuple = tuple.__new__
+def allocation_checked(wrapped, manager, args, kwargs):
+    room = wrapped(*args, **kwargs)
+    if not room:  # no room or budget: the scheduler stops before this item
+        try:
+            state_of(manager).ledger.propose(_item(*args[:2]), Decision.DEFERRED)
+        except Exception as e:  # noqa: BLE001
+            failed("encoder_cache.deferral", e)
+    return room
 
 
-# Their guards (targets.py) keep the Python call off the common answer: a miss, room to allocate.
-def saw_cache_check(result, manager, request, input_id, *args, **kwargs) -> None:
-    if result:  # resident: a local hit, unless the item is a duplicate (ledger.propose)
-        ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
-        ledger.propose(_item(request, input_id), Decision.LOCAL_HIT)
+def entries_freed(wrapped, manager, args, kwargs):
+    try:
+        state = state_of(manager)
+        request_id = args[0].request_id
+        state.ledger.forget(request_id)
+        if state.access_log is not None:
+            state.access_log.freed(request_id)
+    except Exception as e:  # noqa: BLE001
+        failed("encoder_cache.free", e)
+    return wrapped(*args, **kwargs)
 
 
-def saw_can_allocate(result, manager, request, input_id, *args, **kwargs) -> None:
-    if not result:  # no room or budget: the scheduler stops before this item
-        ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
-        ledger.propose(_item(request, input_id), Decision.DEFERRED)
-
-
-def saw_free(manager, request, *args, **kwargs) -> None:
-    ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
-    ledger.forget(request.request_id)
-    if ledger.access_log is not None:
-        ledger.access_log.freed(request.request_id)
-
-
-# --- Scheduler: commits and emission ----------------------------------------------------------
-def saw_allocation(scheduler, request, input_ids, duplicate_input_ids=(), *args, **kwargs) -> None:
+# --- Scheduler: allocation, commit, emission ---------------------------------------------------
+def inputs_allocated(wrapped, scheduler, args, kwargs):
     """A request the scheduler schedules: space for the items it computes or loads (input_ids),
     and the later copies of an item it computes in this step (duplicate_input_ids)."""
-    manager = scheduler.encoder_cache_manager
-    ledger = manager.__dict__.get(LEDGER) or ledger_of(manager)
-    # Without a connector every reserved item is computed; with one, the step's computed items
-    # tell the two apart at the commit.
-    reserved = (Decision.COMPUTE if getattr(scheduler, "ec_connector", None) is None
-                else Decision.ALLOCATED)
-    for input_id in input_ids:
-        item = _item(request, input_id)
-        ledger.allocated(item.key)
-        ledger.propose(item, reserved)
-    for input_id in duplicate_input_ids:
-        ledger.propose(_item(request, input_id), Decision.DUPLICATE)
+    try:
+        request, input_ids, duplicate_input_ids = args[:3]
+        ledger = state_of(scheduler.encoder_cache_manager).ledger
+        # Without a connector every reserved item is computed; with one, the step's computed
+        # items tell the two apart at the commit.
+        reserved = Decision.COMPUTE if scheduler.ec_connector is None else Decision.ALLOCATED
+        for input_id in input_ids:
+            item = _item(request, input_id)
+            ledger.allocated(item.key)
+            ledger.propose(item, reserved)
+        for input_id in duplicate_input_ids:
+            ledger.propose(_item(request, input_id), Decision.DUPLICATE)
+    except Exception as e:  # noqa: BLE001
+        failed("scheduler.allocate", e)
+    return wrapped(*args, **kwargs)
 
 
-def saw_schedule(output, scheduler, *args, **kwargs) -> None:
-    """The step's outcome commits the proposals. Runs only on steps that proposed, allocated,
-    computed or evicted something (its guard in targets.py); decode-only steps skip it."""
+def step_scheduled(wrapped, scheduler, args, kwargs):
+    """The step's outcome commits the proposals. Decode-only steps proposed, computed, freed and
+    admitted nothing: they skip the commit."""
+    output = wrapped(*args, **kwargs)
     manager = scheduler.encoder_cache_manager
-    ledger = ledger_of(manager)
+    state = _states.get(manager)
+    if (output.scheduled_encoder_inputs or output.free_encoder_mm_hashes
+            or output.scheduled_new_reqs or output.scheduled_cached_reqs.resumed_req_ids
+            or (state is not None and state.ledger.proposals)):
+        try:
+            _commit(scheduler, manager, output)
+        except Exception as e:  # noqa: BLE001
+            failed("scheduler.commit", e)
+    return output
+
+
+def _commit(scheduler, manager, output) -> None:
+    ledger = state_of(manager).ledger
+    if not scheduler.is_encoder_decoder:  # their items sit at position 0: never prefix-covered
+        _prefix_covered(scheduler, ledger, output)
     ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)
-    # The entries schedule() evicted for room this step (get_freed_mm_hashes() drains them into
-    # the output); read here rather than by one more hook per step.
-    freed = getattr(output, "free_encoder_mm_hashes", None)  # a missing field costs evictions only
-    if freed and _evicts_for_room(type(manager)):
-        ledger.evicted(len(freed))
+    # Entries schedule() evicted for room this step (get_freed_mm_hashes() drains them into the
+    # output); not evictions for encoder-decoder models, whose manager frees every entry after use.
+    if output.free_encoder_mm_hashes and _evicts_for_room(type(manager)):
+        ledger.evicted(len(output.free_encoder_mm_hashes))
     ledger.occupancy(manager.cache_size - manager.num_free_slots, manager.cache_size)
+
+
+def _prefix_covered(scheduler, ledger, output) -> None:
+    """Items of newly scheduled (or resumed) requests whose placeholder tokens all lie in the
+    tokens computed before this step (prefix-cache hits): vLLM's window never reaches them, the
+    same test as vLLM's strip_covered_mm_data."""
+    cached = output.scheduled_cached_reqs
+    starts = [(r.req_id, r.num_computed_tokens) for r in output.scheduled_new_reqs]
+    if cached.resumed_req_ids:
+        starts += [(rid, n) for rid, n in zip(cached.req_ids, cached.num_computed_tokens)
+                   if rid in cached.resumed_req_ids]
+    for request_id, computed in starts:
+        request = scheduler.requests.get(request_id)
+        if not computed or request is None or not request.mm_features:
+            continue
+        for index, feature in enumerate(request.mm_features):
+            position = feature.mm_position
+            if position.offset + position.length <= computed:
+                ledger.prefix_covered(_item(request, index))
 
 
 @functools.cache
 def _evicts_for_room(manager_cls) -> bool:
-    """Whether freed hashes are evictions: not for encoder-decoder models, whose manager frees
-    every entry after use (it overrides get_freed_mm_hashes for that)."""
     from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
 
     return manager_cls.get_freed_mm_hashes is EncoderCacheManager.get_freed_mm_hashes
 
 
-def scheduler_created(result, scheduler, *args, **kwargs) -> None:
+def scheduler_created(wrapped, scheduler, args, kwargs):
     """A worker in the scheduler's process (vLLM's default executor) leaves its stage durations
-    in WORKER for attach_stats to take; only workers in other processes send them on outputs."""
-    WORKER.collected_in_process = True
+    in WORKER for stats_attached to take; only workers in other processes send them on outputs."""
+    result = wrapped(*args, **kwargs)
+    try:
+        WORKER.collected_in_process = True
+        state_of(scheduler.encoder_cache_manager)  # the access log's capacity line, at start
+    except Exception as e:  # noqa: BLE001
+        failed("scheduler.created", e)
+    return result
 
 
-def attach_stats(outputs, scheduler, scheduler_output=None, model_runner_output=None,
-                 *args, **kwargs) -> None:
-    """Hand the counts, and the worker's stage durations, to the one EngineCoreOutputs that
-    carries this step's SchedulerStats; without one they wait for the next. Runs every
-    SEND_EVERY_S and when the scheduler runs dry (its guard in targets.py), so that the counters
-    and histograms cost a few updates a second rather than some per step, and nothing waits for
-    a next request; and whenever a worker in another process sent durations, to keep them."""
-    sd = scheduler.__dict__
-    sent = getattr(model_runner_output, "_mmscope_stage_durations", None)  # another process'
-    if sent:
-        merge(sd.setdefault("_mmscope_stage_durations", {}), sent)
-    ledger = scheduler.encoder_cache_manager.__dict__.get(LEDGER)
-    news = ledger is not None and ledger.has_news
-    stages = WORKER.pending or sd.get("_mmscope_stage_durations")
-    if not (news or stages) or (sent and not _send_due(scheduler)):
+def stats_attached(wrapped, scheduler, args, kwargs):
+    """Hand the counts and the worker's stage durations to the one EngineCoreOutputs that carries
+    this step's SchedulerStats; without one they wait. At most every SEND_EVERY_S while busy,
+    at once when the scheduler runs dry; a worker process' durations are kept whenever they come."""
+    outputs = wrapped(*args, **kwargs)
+    sent = getattr(args[1] if len(args) > 1 else kwargs.get("model_runner_output"),
+                   SENT_DURATIONS, None)
+    state = _states.get(scheduler.encoder_cache_manager)
+    if state is None and not sent and not WORKER.pending:
+        return outputs  # nothing multimodal happened in this engine yet
+    try:
+        if state is None:
+            state = state_of(scheduler.encoder_cache_manager)
+        if sent:
+            merge(state.worker_durations, sent)
+        now = time.monotonic()
+        if now - state.sent >= SEND_EVERY_S or not scheduler.has_unfinished_requests():
+            _attach(state, outputs, now)
+    except Exception as e:  # noqa: BLE001
+        failed("scheduler.emit_stats", e)
+    return outputs
+
+
+def _attach(state: EngineState, outputs, now: float) -> None:
+    ledger = state.ledger
+    news = ledger.has_news
+    durations = WORKER.pending or state.worker_durations
+    if not (news or durations):
         return
     for eco in (outputs or {}).values():
         stats = eco.scheduler_stats
         if stats is not None:
             if news:
                 stats.encoder_cache_stats = ledger.drain().to_wire()
-            if stages:
-                stats.mm_stage_durations = merge(sd.pop("_mmscope_stage_durations", {}),
-                                                 WORKER.drain())
-            sd["_mmscope_sent"] = time.monotonic()
+            if durations:
+                stats.mm_stage_durations = merge(state.worker_durations, WORKER.drain())
+                state.worker_durations = {}
+            state.sent = now
             return
-
-
-def _send_due(scheduler) -> bool:
-    """For a call made to keep a worker process' durations: whether to send now anyway."""
-    return (time.monotonic() - scheduler.__dict__.get("_mmscope_sent", 0.0) >= SEND_EVERY_S
-            or not scheduler.has_unfinished_requests())

@@ -1,29 +1,34 @@
 """Carry mmscope's counts inside vLLM's SchedulerStats from EngineCore to the API server.
 
-msgspec encodes only declared dataclass fields, so we declare one; it must exist in both processes
+msgspec encodes only declared dataclass fields, so we declare two; both processes declare them
 before process 0 builds its typed decoder (register() runs early enough).
 """
 from __future__ import annotations
 
 import dataclasses
 
-# The hot paths read and write them as plain attributes (stats.encoder_cache_stats): a getattr
-# by name costs more on every step.
-FIELD = "encoder_cache_stats"  # EncoderCacheStats.to_wire()
+FIELD = "encoder_cache_stats"  # EncoderCacheStats.to_wire(): dict[str, int]
 STAGES_FIELD = "mm_stage_durations"  # worker stage -> durations in ns since the last stats
 FIELDS = {FIELD: dict[str, int] | None, STAGES_FIELD: dict[str, list[int]] | None}
 
 
 def inject_scheduler_stats_fields() -> None:
-    """Declare our fields (default None, init=False) on SchedulerStats, once per process."""
+    """Declare our fields (default None) on vLLM's SchedulerStats, once per process.
+
+    Why this way: SchedulerStats is a plain dataclass with no extension field (its
+    `kv_connector_stats`/`ec_connector_stats` dicts are read by vLLM's own connector loggers),
+    msgspec decodes only declared fields, and dataclasses has no API to add a field to an existing
+    class. So each field is made by dataclasses itself, on a throwaway class, and registered under
+    SchedulerStats.__dataclass_fields__, the mapping msgspec and dataclasses.fields() read.
+    """
     from vllm.v1.metrics.stats import SchedulerStats
 
-    for name, type_ in FIELDS.items():
-        if name in SchedulerStats.__dataclass_fields__:
-            continue
-        f = dataclasses.field(default=None, init=False)
-        f.name, f.type = name, type_
-        f._field_type = dataclasses._FIELD  # private, but the only way to add a field afterwards
-        SchedulerStats.__dataclass_fields__[name] = f
+    missing = [(n, t) for n, t in FIELDS.items() if n not in SchedulerStats.__dataclass_fields__]
+    if not missing:
+        return
+    made = dataclasses.make_dataclass(
+        "MmscopeFields", [(n, t, dataclasses.field(default=None, init=False)) for n, t in missing])
+    for name, type_ in missing:
+        SchedulerStats.__dataclass_fields__[name] = made.__dataclass_fields__[name]
         SchedulerStats.__annotations__[name] = type_
         setattr(SchedulerStats, name, None)

@@ -1,0 +1,122 @@
+"""The Prometheus series of the encoder cache and the stage timer: names, help texts, labels, and
+`EncoderCacheProm`, which adds the counts' wire form and the stage durations to them.
+
+Names and labels sit beside vLLM's own `vllm:prefix_cache_*` and `vllm:mm_cache_*`.
+"""
+from __future__ import annotations
+
+from mmscope.carry.ledger import SOURCES
+
+# wire key -> (name, documentation); "encoder cache" everywhere so that they cannot be taken for
+# the processor cache (vllm:mm_cache_*).
+COUNTERS = {
+    "queries": ("vllm:encoder_cache_queries",
+                "Encoder cache queries, in terms of number of multimodal items committed for "
+                "scheduled requests (GPU encoder-output cache, not the processor cache)."),
+    "hits": ("vllm:encoder_cache_hits",
+             "Encoder cache hits, in terms of number of multimodal items whose encoder output "
+             "was reused instead of recomputed."),
+    "misses": ("vllm:encoder_cache_misses",
+               "Encoder cache misses, in terms of number of multimodal items the encoder ran for."),
+    "deferrals": ("vllm:encoder_cache_deferrals",
+                  "Multimodal items deferred to a later step for lack of encoder compute budget "
+                  "or encoder cache space (not counted as queries)."),
+    "evictions": ("vllm:encoder_cache_evictions",
+                  "Encoder cache entries evicted to make room, in terms of number of items."),
+    "prefix_covered": ("vllm:encoder_cache_prefix_covered",
+                       "Multimodal items whose placeholder tokens all lay in prefix-cache hits "
+                       "when their request was scheduled: encoder work avoided without an "
+                       "encoder cache query (not counted as queries)."),
+}
+# wire key -> (name, extra label, documentation)
+LABELED = {
+    "hits_by_source": ("vllm:encoder_cache_hits_by_source", "source",
+                       "Encoder cache hits by source: local (resident), in_step (computed by "
+                       "another request in the same step), connector (loaded by the EC connector)."),
+    "queries_by_modality": ("vllm:encoder_cache_queries_by_modality", "modality",
+                            "Encoder cache queries by modality, in items."),
+    "hits_by_modality": ("vllm:encoder_cache_hits_by_modality", "modality",
+                         "Encoder cache hits by modality, in items."),
+    "prefix_covered_by_modality": ("vllm:encoder_cache_prefix_covered_by_modality", "modality",
+                                   "Multimodal items spared by the prefix cache, by modality."),
+}
+GAUGES = {
+    "usage_embeds": ("vllm:encoder_cache_usage_embeds",
+                     "Encoder cache slots holding encoder outputs, in embeddings."),
+    "capacity_embeds": ("vllm:encoder_cache_capacity_embeds",
+                        "Encoder cache capacity, in embeddings."),
+}
+STAGE_HISTOGRAM = (
+    "vllm:mm_stage_duration_seconds",
+    "Host wall time of one multimodal pipeline stage (label stage: the mmscope range name, e.g. "
+    "mm:hash:pil_image, mm:processor:hf_processor, gpu_model_runner: vit_forward). On a GPU the "
+    "encoder figure is host time and includes waiting for the device only where vLLM waits.")
+STAGE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
+                 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class EncoderCacheProm:
+    """The series, made with the metric classes vLLM's PrometheusStatLogger uses (its __init__
+    unregisters every vllm:* collector first, so ours come after). Every labelled series exists
+    at 0 from the start (each source, each modality the model accepts, each engine) and the
+    capacity gauge holds its value, so that rate() and increase() see the first events."""
+
+    def __init__(self, counter_cls, gauge_cls, histogram_cls,
+                 per_engine_labelvalues: dict[int, list], modalities=(),
+                 capacity_embeds: int | None = None):
+        labels = ["model_name", "engine"]
+        self.labelvalues = per_engine_labelvalues
+        counters = {k: counter_cls(name=n, documentation=d, labelnames=labels)
+                    for k, (n, d) in COUNTERS.items()}
+        labeled = {k: counter_cls(name=n, documentation=d, labelnames=labels + [extra])
+                   for k, (n, extra, d) in LABELED.items()}
+        gauges = {k: gauge_cls(name=n, documentation=d, labelnames=labels,
+                               multiprocess_mode="mostrecent")
+                  for k, (n, d) in GAUGES.items()}
+        self.stage_seconds = histogram_cls(
+            name=STAGE_HISTOGRAM[0], documentation=STAGE_HISTOGRAM[1],
+            labelnames=labels + ["stage"], buckets=STAGE_BUCKETS)
+        # (engine, wire key) -> the child's inc or set: labels() takes a lock and hashes the
+        # values on every call, so each child is resolved once; resolving creates it at 0.
+        self._updates: dict[tuple[int, str], object] = {}
+        self._metrics = {**counters, **labeled, **gauges}
+        for idx, values in per_engine_labelvalues.items():
+            for key, metric in counters.items():
+                self._updates[(idx, key)] = metric.labels(*values).inc
+            for key, metric in gauges.items():
+                self._updates[(idx, key)] = metric.labels(*values).set
+            for source in SOURCES:
+                self._update(idx, f"hits_by_source:{source}")
+            for modality in modalities:
+                for key in ("queries_by_modality", "hits_by_modality",
+                            "prefix_covered_by_modality"):
+                    self._update(idx, f"{key}:{modality}")
+            if capacity_embeds is not None:
+                self._updates[(idx, "capacity_embeds")](capacity_embeds)
+
+    def _update(self, engine_idx: int, wire_key: str):
+        """The inc or set a wire key stands for, or None for a key with no series of its own
+        (`requests`, which only the log line's window uses)."""
+        found = self._updates.get((engine_idx, wire_key), False)
+        if found is False:
+            key, _, label = wire_key.partition(":")
+            metric = self._metrics.get(key) if label else None
+            found = metric.labels(*self.labelvalues[engine_idx], label).inc if metric else None
+            self._updates[(engine_idx, wire_key)] = found
+        return found
+
+    def observe(self, wire: dict[str, int], engine_idx: int) -> None:
+        if engine_idx not in self.labelvalues:
+            return
+        for wire_key, n in wire.items():
+            update = self._update(engine_idx, wire_key)
+            if update is not None and (n or wire_key in GAUGES):
+                update(n)
+
+    def observe_stages(self, durations: dict[str, list[int]], engine_idx: int) -> None:
+        if engine_idx not in self.labelvalues:
+            return
+        for stage, values in durations.items():
+            child = self.stage_seconds.labels(*self.labelvalues[engine_idx], stage)
+            for ns in values:
+                child.observe(ns / 1e9)

@@ -1,0 +1,79 @@
+"""API-server wrappers: one range per hashed item and per processor stage (the `mm:*` ranges).
+
+Each times exactly the vLLM call it wraps; the durations feed `vllm:mm_stage_duration_seconds`.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+from mmscope import stages
+from mmscope.emit import tracing
+from mmscope.emit.stage_timer import ENABLED, FRONTEND, timed_stage
+from mmscope.vllm.patching import failed
+
+# hash_kwargs' keyword arguments that are not the item itself
+NOT_ITEMS = frozenset({"model_id", "media_io_kwargs", "mm_processor_kwargs", "mm_hash"})
+
+
+@functools.cache
+def _hash_types():
+    # Imported on first use: vLLM may still be importing itself when the plugin loads.
+    import numpy as np
+    import torch
+    from PIL import Image
+    from vllm.multimodal.media import MediaWithBytes
+
+    return np.ndarray, torch.Tensor, Image.Image, MediaWithBytes
+
+
+def hash_branch(obj) -> str:
+    """The MultiModalHasher.serialize_item branch that serializes `obj` (vLLM 0.32's order)."""
+    ndarray, tensor, image, media_with_bytes = _hash_types()
+    if isinstance(obj, (bytes, memoryview)):
+        return "bytes"
+    if isinstance(obj, str):
+        return "str"
+    if isinstance(obj, (int, float)):
+        return "number"
+    if isinstance(obj, image):
+        return "pil_image"
+    if isinstance(obj, media_with_bytes):
+        return "image_bytes" if isinstance(obj.media, image) else "video"
+    if isinstance(obj, tensor):
+        return "tensor"
+    if isinstance(obj, ndarray):
+        return "ndarray"
+    return "pickle"
+
+
+def _hash_range(kwargs: dict) -> str:
+    items = [v for k, v in kwargs.items() if k not in NOT_ITEMS]
+    return stages.hash_range(hash_branch(items[0]) if len(items) == 1 else "mixed")
+
+
+def item_hashed(wrapped, cls, args, kwargs):
+    """MultiModalHasher.hash_kwargs consumes serialize_item's lazy byte generator before it
+    returns, so a range around the call covers the serialization, not only the call."""
+    try:
+        name = _hash_range(kwargs)
+    except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
+        failed("ranges.hash", e)
+        return wrapped(*args, **kwargs)
+    if tracing.on:
+        with timed_stage(name, FRONTEND):
+            return wrapped(*args, **kwargs)
+    t0 = time.perf_counter_ns()
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        if ENABLED:
+            FRONTEND.record(name, time.perf_counter_ns() - t0)
+
+
+def processor_stage(wrapped, timing, args, kwargs):
+    """TimingContext.record(stage) is entered for every processor stage, vLLM's timing on or off.
+    With it off (`enabled` false, the default) vLLM's record() only yields: the stage timer then
+    stands in for that no-op block rather than nesting it; with it on, it wraps vLLM's timer."""
+    inner = wrapped(*args, **kwargs) if timing.enabled else None
+    return timed_stage(stages.processor_range(args[0]), FRONTEND, inner)

@@ -1,0 +1,166 @@
+"""Worker wrappers: the disjoint siblings under `gpu_model_runner: preprocess` (DESIGN §3), the
+step's shape, and the stage durations sent to EngineCore.
+"""
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+
+import wrapt
+
+from mmscope import stages
+from mmscope.emit import tracing
+from mmscope.emit.stage_timer import ENABLED, WORKER, timed_stage
+from mmscope.emit.step_shape import StepTelemetry, split_prefill_decode
+from mmscope.log import logger
+from mmscope.vllm.patching import failed
+from mmscope.vllm.scheduler import SENT_DURATIONS
+
+
+def encoder_forward(wrapped, runner, args, kwargs):
+    """timed_encoder_operation wraps exactly model.embed_multimodal per encoder batch; wrapping
+    _execute_mm_encoder instead would also swallow the EC save loop (the seed's bug)."""
+    return timed_stage(stages.VIT_FORWARD, WORKER, wrapped(*args, **kwargs))
+
+
+def timed(name: str):
+    """A wrapper timing the whole call as one worker stage (a span too while tracing)."""
+    def wrapper(wrapped, instance, args, kwargs):
+        if tracing.on:
+            with timed_stage(name, WORKER):
+                return wrapped(*args, **kwargs)
+        t0 = time.perf_counter_ns()
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            if ENABLED:
+                WORKER.record(name, time.perf_counter_ns() - t0)
+    return wrapper
+
+
+gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS)
+prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS)
+
+
+# --- instance methods, wrapped once their object exists ----------------------------------------
+# The model's embed_input_ids and the EC connector's load/save differ by class, so their instances
+# are wrapped when made; uninstrument() unwraps them and instrument() wraps them again.
+_instance_wraps: list[tuple[weakref.ref, str, str]] = []
+
+
+def wrap_instance(obj, attr: str, name: str) -> None:
+    if isinstance(getattr(obj, attr, None), wrapt.FunctionWrapper):
+        return
+    wrapt.wrap_function_wrapper(obj, attr, timed(name))
+    if not any(ref() is obj and a == attr for ref, a, _ in _instance_wraps):
+        _instance_wraps.append((weakref.ref(obj), attr, name))
+
+
+def unwrap_instances() -> None:
+    for ref, attr, _ in _instance_wraps:
+        obj = ref()
+        method = getattr(obj, attr, None) if obj is not None else None
+        if isinstance(method, wrapt.FunctionWrapper):
+            setattr(obj, attr, method.__wrapped__)
+
+
+def rewrap_instances() -> None:
+    _instance_wraps[:] = [w for w in _instance_wraps if w[0]() is not None]
+    for ref, attr, name in list(_instance_wraps):
+        wrap_instance(ref(), attr, name)
+
+
+def model_loaded(hook_name: str):
+    """embed_input_ids is a method of the model, which exists only once the runner loaded it."""
+    def wrapper(wrapped, runner, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        try:
+            if getattr(runner, "model", None) is not None:
+                wrap_instance(runner.model, "embed_input_ids", stages.EMBED_INPUT_IDS)
+        except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
+            failed(hook_name, e)
+        return result
+    return wrapper
+
+
+def connector_created(wrapped, cls, args, kwargs):
+    """The worker-side EC connector gets the load/save ranges: start_load_caches includes the
+    host-to-device copy, save_caches the device-to-host one."""
+    connector = wrapped(*args, **kwargs)
+    try:
+        from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+
+        role = args[1] if len(args) > 1 else kwargs.get("role")
+        if role == ECConnectorRole.WORKER:
+            if connector.is_consumer:
+                wrap_instance(connector, "start_load_caches", stages.EC_LOAD)
+            if connector.is_producer:
+                wrap_instance(connector, "save_caches", stages.EC_SAVE)
+    except Exception as e:  # noqa: BLE001
+        failed("ranges.ec_connector", e)
+    return connector
+
+
+# --- the step's shape: step_tokens lines and the step_meta range -------------------------------
+@functools.cache
+def _telemetry() -> StepTelemetry:
+    """One per process: its step counter spans engines and instrument() calls."""
+    try:
+        from vllm.distributed.parallel_state import get_tp_group
+        first_rank = get_tp_group().rank_in_group == 0
+    except Exception:  # noqa: BLE001 - no tensor-parallel group (a bare runner): rank 0
+        first_rank = True
+    return StepTelemetry(logger, emit_log=first_rank)
+
+
+def batch_shape(runner, num_scheduled_tokens) -> stages.StepShape:
+    """The persistent batch's first num_reqs rows are the step's requests."""
+    batch = runner.input_batch
+    n = batch.num_reqs
+    return split_prefill_decode(num_scheduled_tokens[:n], batch.num_computed_tokens_cpu[:n],
+                                batch.num_prompt_tokens[:n])
+
+
+def inputs_prepared(wrapped, runner, args, kwargs):
+    """_prepare_inputs(scheduler_output, num_scheduled_tokens) runs once per step on the thread
+    that runs the forward, just before it: where step_meta belongs."""
+    try:
+        telemetry = _telemetry()
+        level = telemetry.next_step()
+        if level is not None:  # a range or a log line needs the shape: most steps neither
+            telemetry.emit(batch_shape(runner, args[1]), level)
+    except Exception as e:  # noqa: BLE001
+        failed("telemetry.step_shape", e)
+    return wrapped(*args, **kwargs)
+
+
+# --- stage durations to EngineCore -------------------------------------------------------------
+@functools.cache
+def _empty_output():
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
+    return EMPTY_MODEL_RUNNER_OUTPUT
+
+
+def durations_sent(hook_name: str):
+    """Worker stage durations ride to EngineCore on the step's ModelRunnerOutput. Where the
+    scheduler runs in this same process it takes them from WORKER itself, so nothing is sent.
+    vLLM's shared empty output is never written to: the durations wait for the next real one."""
+    def wrapper(wrapped, runner, args, kwargs):
+        output = wrapped(*args, **kwargs)
+        if WORKER.pending and not WORKER.collected_in_process and output is not None:
+            try:
+                if hasattr(output, "__dict__") and output is not _empty_output():
+                    setattr(output, SENT_DURATIONS, WORKER.drain())
+            except Exception as e:  # noqa: BLE001
+                failed(hook_name, e)
+        return output
+    return wrapper
+
+
+# --- vLLM's own step ranges into mmscope's backends --------------------------------------------
+def vllm_scope(wrapped, instance, args, kwargs):
+    """vLLM opens its step ranges (`gpu_model_runner: preprocess/forward/...`, `schedule: ...`)
+    through record_function_or_nullcontext; while mmscope traces, they go through its span, so
+    that every backend holds the whole tree (nvtx and torch as vLLM's own switches would)."""
+    return tracing.span(args[0]) if tracing.on else wrapped(*args, **kwargs)
