@@ -1,21 +1,19 @@
-"""The work mmscope adds to vLLM, counted in instructions by Callgrind: plugin_overhead.py's batches
-and configurations in one engine, interleaved, each batch counted on its own.
+"""The work mmscope adds to vLLM, counted in instructions by Callgrind (DESIGN §8's measure):
+one in-process engine, batches of image chats, the plugin off, on with tracing off, and on with every
+range on, interleaved, each batch counted on its own.
 
-Batch times here move by about ±5% from one batch to the next (a shared 2-core machine), so a
-throughput ratio needs hundreds of batches to resolve 1%; the instructions an engine executes for
-the same batch repeat to about 0.3%, so each pair of batches resolves the added work to a tenth of a
-percent. (SQLite and the Rust compiler track their speed by instruction counts for this reason.)
-With --cache-sim Callgrind also simulates the caches, and the cycle estimate Ir + 10 x first-level
-misses + 100 x last-level misses (KCachegrind's) prices the misses of hooks that run with cold caches
-in vLLM's step loop; the last level simulated is 2 MiB, a core's share of a shared machine's cache.
---branch-sim adds 10 x mispredicted branches to the estimate (KCachegrind's full formula).
+A batch's wall time moves by about ±5% here (a shared 2-core machine); the instructions an engine
+executes for the same batch repeat to about 0.3%, so each pair of batches resolves the added work to
+a tenth of a percent. Printed: each configuration against the bare batch of its pair, and the
+instructions added per request and per engine step, from which the cost on a real model's
+20-50 ms step can be read off. --cache-sim adds a cycle estimate (Ir + 10 x L1 misses + 100 x LL
+misses, the last level a core's 2 MiB share of a shared cache).
 
 Run: .venv/bin/python bench/plugin_instructions.py [--pairs 3] [--max-tokens 16,128] [--requests 48]
-     [--cache-sim] [--branch-sim] [--mechanics] [--no-chrome] [--settle N] [--keep DIR]
-     .venv/bin/python bench/plugin_instructions.py --report DIR [--requests 48]
-Needs Valgrind (Debian: apt-get install valgrind) and a C compiler. Valgrind runs the engine about
-130x slower: a 16-token batch takes about 25 s, a 128-token one about 2 minutes, twice that with
---cache-sim, and the engine's start under Valgrind about a minute.
+     [--cache-sim] [--settle N] [--keep DIR]  |  --report DIR [--requests 48]
+Needs Valgrind (Debian: apt-get install valgrind) and a C compiler (bench/callgrind_mark.c marks
+the batches). Valgrind runs the engine about 130x slower: a 16-token batch takes about 25 s, a
+128-token one about 2 minutes, the engine's start about a minute.
 """
 from __future__ import annotations
 
@@ -31,22 +29,68 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import plugin_overhead  # noqa: E402 - the same workload and configurations
 
 BARE = "without mmscope"
+TRACING_OFF = "mmscope, tracing off"
+EVERY_RANGE = "mmscope, every range on (chrome)"
 # Under Valgrind a batch takes a hundred times longer, so the 1 s emission timer would fire a
 # hundred times more often than in real time; with it set beyond a batch, each batch sends its
-# counts as in plugin_overhead's real-time runs: at its first step (instrument() starts the timer
+# counts as it would in real time: at its first step (instrument() starts the timer
 # afresh) and when the engine runs dry.
 EMISSION_TIMER_S = 3600.0
 # The simulated last-level cache: a core's share on a shared machine rather than the whole L3
 # Valgrind would read from the CPU (hundreds of MiB here, which nothing would miss).
 LL_CACHE = "--LL=2097152,16,64"  # 2 MiB, 16-way, 64-byte lines
 CYCLE_WEIGHTS = {"Ir": 1, "I1mr": 10, "D1mr": 10, "D1mw": 10, "ILmr": 100, "DLmr": 100,
-                 "DLmw": 100, "Bcm": 10, "Bim": 10}
+                 "DLmw": 100}
+
+
+def answer_lengths(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("answer lengths must be positive")
+    return values
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def workload_batch(batch_no: int, requests: int) -> list[dict]:
+    """Single-image requests; half the images repeat earlier ones of the batch (hits and misses
+    both exercised); fresh images per batch, so that each batch does the same encoder work."""
+    from mmscope.demo.workload import prompt
+
+    base = 100_000 * batch_no
+    return [prompt([base + (i // 2 if i % 2 else i)], f"Question {i}?") for i in range(requests)]
+
+
+def engine(model: str):
+    """An in-process engine (the worker runs in the counted process) with a small KV cache."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM
+
+    return LLM(model=model, enforce_eager=True, max_model_len=512, max_num_seqs=16,
+               max_num_batched_tokens=256, limit_mm_per_prompt={"image": 1},
+               kv_cache_memory_bytes=64 * 2**20, seed=0, disable_log_stats=False)
+
+
+def apply(instrumentor, name: str, trace_dir: str) -> None:
+    """Enter a configuration through the same uninstrument-instrument round trip for each, the
+    bare one too: it drops CPython's specialisations on the patched classes alike for every row."""
+    from mmscope.emit import tracing
+
+    instrumentor.instrument()
+    instrumentor.uninstrument()
+    tracing.configure("chrome" if name == EVERY_RANGE else "off", trace_dir)
+    if name != BARE:
+        instrumentor.instrument()
 
 
 def fail(message: str) -> None:
@@ -74,45 +118,41 @@ def child(args) -> None:
     from vllm import SamplingParams
 
     from mmscope.demo import tiny_model
-    from mmscope.vllm import scheduler as encoder_cache, targets
+    from mmscope.vllm import scheduler, worker
     from mmscope.vllm.instrumentor import get_instrumentor
-    from tests.kit.engine import image, offline_llm, prompt
 
     mark = ctypes.CDLL(args.marker)
     mark.mark_dump.argtypes = [ctypes.c_char_p]
-    llm = offline_llm(tiny_model.build(tiny_model.default_dir()), max_num_seqs=16)
-    encoder_cache.SEND_EVERY_S = EMISSION_TIMER_S
+    llm = engine(tiny_model.build(tiny_model.default_dir()))
+    scheduler.SEND_EVERY_S = EMISSION_TIMER_S
     instrumentor = get_instrumentor()
-    instrumentor.uninstrument()
-    instrumentor.hooks = targets.all_hooks()  # their `every` clause reads the timer set above
-    configs = plugin_overhead.configurations(False, mechanics=args.mechanics,
-                                             chrome=not args.no_chrome)
-    names = list(configs)
+    names = [BARE, TRACING_OFF] + ([] if args.no_chrome else [EVERY_RANGE])
     batch_no = 0
     with tempfile.TemporaryDirectory() as trace_dir:
         for n in args.max_tokens:
             params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-            plugin_overhead.apply(instrumentor, None, "off", trace_dir)
-            llm.generate([prompt([image(1)], "warm-up")] * 4, params, use_tqdm=False)
+            apply(instrumentor, TRACING_OFF, trace_dir)
             # One full batch uncounted: the first one at a length allocates what later ones reuse.
             batch_no += 1
-            llm.generate(plugin_overhead.workload_batch(batch_no, args.requests), params,
-                         use_tqdm=False)
+            llm.generate(workload_batch(batch_no, args.requests), params, use_tqdm=False)
             for pair in range(args.pairs):
                 # Rotated each pair: no configuration always runs first or after the same one.
                 for name in names[pair % len(names):] + names[:pair % len(names)]:
-                    plugin_overhead.apply(instrumentor, *configs[name], trace_dir)
-                    batch_no = plugin_overhead.settle(llm, params, args.settle, batch_no,
-                                                      args.requests)
+                    apply(instrumentor, name, trace_dir)
+                    for _ in range(args.settle):
+                        batch_no += 1
+                        llm.generate(workload_batch(batch_no, args.requests), params,
+                                     use_tqdm=False)
                     batch_no += 1
-                    batch = plugin_overhead.workload_batch(batch_no, args.requests)
+                    batch = workload_batch(batch_no, args.requests)
+                    steps = worker._telemetry().step
                     gc.collect()
                     mark.mark_start()
                     llm.generate(batch, params, use_tqdm=False)
                     mark.mark_dump(f"{n}|{pair}|{name}".encode())
-                    print(f"counted: {n} tokens, pair {pair + 1}/{args.pairs}, {name}",
-                          file=sys.stderr, flush=True)
-        plugin_overhead.apply(instrumentor, None, "off", trace_dir)
+                    print(f"counted: {n} tokens, pair {pair + 1}/{args.pairs}, {name}, "
+                          f"steps={worker._telemetry().step - steps}", file=sys.stderr, flush=True)
+        apply(instrumentor, TRACING_OFF, trace_dir)
 
 
 def run_child(args, out_dir: str) -> None:
@@ -123,13 +163,11 @@ def run_child(args, out_dir: str) -> None:
     cmd = [valgrind, "--tool=callgrind", "--instr-atstart=no",
            f"--callgrind-out-file={out_dir}/cg.out.%p", f"--log-file={out_dir}/valgrind.log",
            *(["--cache-sim=yes", LL_CACHE] if args.cache_sim else ["--cache-sim=no"]),
-           f"--branch-sim={'yes' if args.branch_sim else 'no'}",
            sys.executable, os.path.abspath(__file__), "--child", "--marker", marker,
            "--pairs", str(args.pairs), "--requests", str(args.requests),
            "--settle", str(args.settle),
            "--max-tokens", ",".join(map(str, args.max_tokens))]
     cmd += ["--no-chrome"] if args.no_chrome else []
-    cmd += ["--mechanics"] if args.mechanics else []
     # Passive OpenMP threads sleep instead of spinning: a spin loop's instruction count depends
     # on timing, and Valgrind runs one thread at a time. VLLM_CPU_KVCACHE_SPACE as in the tests.
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
@@ -142,11 +180,17 @@ def run_child(args, out_dir: str) -> None:
             log.write(line)
             if line.startswith("counted:"):
                 print(line.rstrip(), file=sys.stderr)
+                steps = re.search(r"^counted: (\d+) tokens.*steps=(\d+)$", line.strip())
+                if steps:  # the steps of a batch with mmscope on (the step hook counts them)
+                    STEPS[int(steps.group(1))] = int(steps.group(2))
         rc = proc.wait()
     if rc != 0:
         tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-5:]
         fail(f"the engine under Valgrind exited with {rc}; last lines of {log_path}:\n  "
              + "\n  ".join(tail))
+
+
+STEPS: dict[int, int] = {}  # answer length -> engine steps a batch
 
 
 def read_dumps(out_dir: str) -> dict[tuple[int, int, str], dict[str, int]]:
@@ -178,12 +222,8 @@ def report(counts, requests: int, where: str) -> None:
     if not counts:
         fail(f"no batch counts (Callgrind dumps cg.out.*) in {where}")
     measures = [("instructions", lambda e: e["Ir"])]
-    caches = all("D1mr" in e for e in counts.values())
-    branches = all("Bcm" in e for e in counts.values())
-    if caches or branches:
-        terms = ["Ir"] + ["10 x L1 misses + 100 x LL misses"] * caches \
-            + ["10 x mispredicted branches"] * branches
-        measures.append((f"cycle estimate ({' + '.join(terms)})", cycles))
+    if all("D1mr" in e for e in counts.values()):
+        measures.append(("cycle estimate (Ir + 10 x L1 misses + 100 x LL misses)", cycles))
     for n in sorted({m for m, _, _ in counts}):
         pairs = sorted({p for m, p, _ in counts if m == n})
         names = [BARE] + [name for name in dict.fromkeys(c for m, _, c in counts if m == n)
@@ -208,6 +248,8 @@ def report(counts, requests: int, where: str) -> None:
                     line += (f"  {statistics.median(ratios) * 100:+6.2f}%  (pairs: "
                              + ", ".join(f"{r * 100:+.2f}%" for r in ratios)
                              + f")  {added / requests / 1e3:+.1f} K a request")
+                    if STEPS.get(n):
+                        line += f", {added / STEPS[n] / 1e3:+.1f} K a step ({STEPS[n]} steps)"
                 print(line)
 
 
@@ -216,18 +258,13 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=3,
                     help="counted batches per configuration and answer length (default 3)")
-    ap.add_argument("--max-tokens", type=plugin_overhead.answer_lengths, default=[16, 128],
+    ap.add_argument("--max-tokens", type=answer_lengths, default=[16, 128],
                     help="answer lengths, comma-separated (default 16,128)")
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--cache-sim", action="store_true",
                     help="also simulate the caches and report the cycle estimate (about 2x slower)")
-    ap.add_argument("--branch-sim", action="store_true",
-                    help="also simulate branch prediction; mispredictions join the cycle estimate")
-    ap.add_argument("--mechanics", action="store_true",
-                    help="also count every hook applied with its observer switched off (what the "
-                         "wrappers cost by themselves)")
     ap.add_argument("--no-chrome", action="store_true", help="leave out every range on (chrome)")
-    ap.add_argument("--settle", type=plugin_overhead.non_negative, default=0,
+    ap.add_argument("--settle", type=non_negative, default=0,
                     help="uncounted batches after each switch of configuration (default 0: every "
                          "counted batch, bare or not, follows a switch, so each pays the same "
                          "re-specialisation; 2 counts the steady state, as in a server)")

@@ -37,15 +37,7 @@ CASE = textwrap.dedent("""
             with span("stage"):
                 pass
 
-    def factory_span():
-        span = tracing.span_factory()  # the C span for chrome alone, where it is built
-        assert case != "c_span" or span is not tracing.span, "the C span is not built"
-        for _ in range(n):
-            with span("stage"):
-                pass
-
-    fn = {"nullcontext": bare_nullcontext, "nvtx_raw": raw_nvtx_pair,
-          "c_span": factory_span}.get(case, traced_span)
+    fn = {"nullcontext": bare_nullcontext, "nvtx_raw": raw_nvtx_pair}.get(case, traced_span)
     fn()  # warm-up
     times = []
     for _ in range(repeat):
@@ -64,7 +56,6 @@ CASES = [
     ("raw nvtx push/pop, tool attached", "nvtx_raw", "off", True),
     ("span, nvtx, tool attached", "span", "nvtx", True),
     ("span, chrome", "span", "chrome", False),
-    ("span, chrome (C factory)", "c_span", "chrome", False),
 ]
 
 

@@ -120,3 +120,53 @@ def test_offline_stats_line_carries_encoder_hit_rate(engine):
     c = counters(llm)
     rate = 100 * c["encoder_cache_hits"] / c["encoder_cache_queries"]
     assert line.endswith(f"Encoder cache hit rate: {rate:.1f}%")
+
+
+# --- the prefix cache: items it spares are their own outcome (DESIGN §4), not queries ----------
+def _text_of_tokens(llm, n: int, word: str) -> str:
+    """Text that the tiny model's tokenizer turns into at least n tokens."""
+    tokenizer = llm.get_tokenizer()
+    text = word
+    while len(tokenizer.encode(text)) < n:
+        text += " " + word
+    return text
+
+
+def test_a_repeated_long_prompt_spares_the_encoder_through_the_prefix_cache(engine):
+    llm = engine[0]
+    # The image first, then three 128-token blocks of text: a repeat of the whole prompt finds
+    # the image's placeholders in prefix-cached blocks, and vLLM never looks the item up.
+    long = prompt([image(40)], _text_of_tokens(llm, 3 * 128, "tree"))
+    d = run(engine, [long])
+    assert q_h_m(d) == (1, 0, 1) and d["encoder_items"] == 1
+    assert d["encoder_cache_prefix_covered"] == 0
+    for _ in range(2):
+        d = run(engine, [long])
+        assert q_h_m(d) == (0, 0, 0) and d["encoder_items"] == 0
+        assert d["encoder_cache_prefix_covered"] == 1
+        assert d["encoder_cache_prefix_covered_by_modality{modality=image}"] == 1
+    _, _, probe = engine
+    assert sum("mm_cache_probe PREFIX_COVERED" in ln and "hash=" in ln for ln in probe.lines) == 2
+
+
+def test_an_item_the_prefix_cache_covers_only_in_part_is_queried(engine):
+    llm = engine[0]
+    # Text up to a few tokens before the first 128-token block's end, the image across the
+    # boundary, then text that differs between the two requests: the second finds only the first
+    # block cached, which holds part of the item, so the encoder output is needed again (here
+    # resident in the encoder cache: a local hit) and the item counts as the query it is.
+    tokenizer = llm.get_tokenizer()
+    head = _text_of_tokens(llm, 120, "leaf")
+    while len(tokenizer.encode("<s>user: " + head)) > 124:
+        head = head[:-1]
+
+    def request(tail_word):
+        return {"prompt": "<s>user: " + head + "<image>" + _text_of_tokens(llm, 2 * 128, tail_word)
+                + "\nassistant:", "multi_modal_data": {"image": image(41)}}
+
+    d = run(engine, [request("root")])
+    assert q_h_m(d) == (1, 0, 1)
+    d = run(engine, [request("stem")])
+    assert d["prefix_cache_hits"] == 128  # the first block only
+    assert q_h_m(d) == (1, 1, 0) and d["encoder_items"] == 0
+    assert d["encoder_cache_prefix_covered"] == 0

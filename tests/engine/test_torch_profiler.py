@@ -1,0 +1,76 @@
+"""vLLM's own torch profiler holds mmscope's stage tree (MMSCOPE_TRACE=torch), and `mmscope analyze`
+reads that trace: `mm:*` and `vit_forward` present, their counts exact, the cache benefit computed."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mmscope import stages
+
+pytestmark = pytest.mark.vllm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Four distinct images, then two of them again: the encoder runs for four items, the hasher
+# sees six, and every request goes through the five processor stages.
+SCRIPT = r"""
+import os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ["MMSCOPE_TRACE"] = "torch"
+sys.path.insert(0, sys.argv[3])
+from vllm import SamplingParams
+from tests.kit.engine import image, offline_llm, prompt
+llm = offline_llm(sys.argv[1], profiler_config={"profiler": "torch",
+                                                 "torch_profiler_dir": sys.argv[2]})
+params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+llm.generate([prompt([image(1)])], params, use_tqdm=False)  # warm-up, not profiled
+llm.start_profile()
+for seeds in ([11, 12], [13, 14], [11, 13]):
+    llm.generate([prompt([image(s)]) for s in seeds], params, use_tqdm=False)
+llm.stop_profile()
+"""
+
+
+@pytest.fixture(scope="module")
+def profiled(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("torch-profile")
+    root = os.path.dirname(os.path.dirname(HERE))
+    done = subprocess.run([sys.executable, "-c", SCRIPT, tiny_model, str(out), root],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    traces = glob.glob(os.path.join(out, "**", "*.json*"), recursive=True)
+    assert traces, f"vLLM's torch profiler wrote no trace into {out}"
+    return out, traces
+
+
+def analyze(path) -> dict:
+    done = subprocess.run([sys.executable, "-m", "mmscope.cli", "analyze", str(path), "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_torch_trace_holds_the_stage_tree_with_exact_counts(profiled):
+    _, traces = profiled
+    doc = analyze(max(traces, key=os.path.getsize))  # the worker's trace (in-process: the one)
+    by_name = {s["name"]: s for s in doc["stages"]}
+    assert by_name[stages.VIT_FORWARD]["count"] == 4, by_name.get(stages.VIT_FORWARD)
+    assert by_name["mm:hash:pil_image"]["count"] == 6
+    for stage in ("hf_processor", "prompt_update", "get_mm_hashes"):
+        assert by_name[stages.PROCESSOR_PREFIX + stage]["count"] == 6
+    # vLLM's own scopes beside ours, and nesting by containment: no share above 100%
+    assert by_name[stages.FORWARD]["count"] >= 3
+    assert all(s["share_of_parent"] is None or s["share_of_parent"] <= 1.0 for s in doc["stages"])
+    assert by_name[stages.VIT_FORWARD]["parent"] == stages.PREPROCESS
+
+
+def test_the_cache_benefit_is_computed_from_the_encoder_ranges(profiled):
+    _, traces = profiled
+    benefit = analyze(max(traces, key=os.path.getsize))["cache_benefit"]
+    assert benefit, "no cache benefit computed"
+    text = json.dumps(benefit)
+    assert "no encoder ranges" not in text
