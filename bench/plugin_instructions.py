@@ -181,7 +181,7 @@ def run_child(args, out_dir: str) -> None:
             if line.startswith("counted:"):
                 print(line.rstrip(), file=sys.stderr)
                 steps = re.search(r"^counted: (\d+) tokens.*steps=(\d+)$", line.strip())
-                if steps:  # the steps of a batch with mmscope on (the step hook counts them)
+                if steps and int(steps.group(2)):  # counted by mmscope's step hook: when on
                     STEPS[int(steps.group(1))] = int(steps.group(2))
         rc = proc.wait()
     if rc != 0:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
+import signal
 import sys
 
 from mmscope import __version__
@@ -57,13 +59,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(importlib.import_module(args._module).run(args) or 0)
+        status = int(importlib.import_module(args._module).run(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that left early is seen here, not at exit
+        return status
     except UserError as e:
         print(f"mmscope: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _reader_left()
     except KeyboardInterrupt:
         print("mmscope: interrupted", file=sys.stderr)
         return 130
+
+
+def _reader_left() -> int:
+    """`mmscope ... | head`: the reader closed the pipe. Quiet, like a tool killed by SIGPIPE;
+    stdout points at devnull so the interpreter's last flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ METRICS_PATH = "/metrics"
 SSE_DATA = "data:"
 SSE_DONE = "[DONE]"
 MESSAGE_CHARS = 200  # a server's error text is cut to this, on one line
+MAX_PORT = 65535
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,24 @@ class Timing:
 
 
 def base_url(url: str) -> str:
-    """The server root, also when given as an OpenAI base URL ending in /v1."""
-    url = url.strip().rstrip("/")
+    """The server root, also when given as an OpenAI base URL ending in /v1; a URL that names no
+    server (no host, a port out of range, a query) is a one-line error before anything is sent."""
+    given, url = url, url.strip()
     if not url.startswith(("http://", "https://")):
-        raise UserError(f"--url must start with http:// or https://, not {url!r}")
+        raise UserError(f"--url must start with http:// or https://, not {given!r}")
+    url = url.rstrip("/")
+    if any(c.isspace() for c in url):
+        raise UserError(f"--url {given!r} contains a space")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as e:
+        raise UserError(f"--url {given!r} is not a URL: {e}") from None
+    if not parsed.host:
+        raise UserError(f"--url {given!r} names no host")
+    if parsed.port is not None and not 1 <= parsed.port <= MAX_PORT:
+        raise UserError(f"--url {given!r}: port {parsed.port} is out of range (1-{MAX_PORT})")
+    if parsed.query or parsed.fragment:
+        raise UserError(f"--url {given!r}: a base URL has no query or fragment")
     return url.removesuffix("/v1")
 
 
