@@ -1,10 +1,14 @@
-"""`mmscope doctor`: every hook checked against the installed vLLM, without starting an engine.
+"""`mmscope doctor`: every hook checked against the installed vLLM, without starting an engine,
+and the releases mmscope is tested on or checked against (their sources, read from their wheels).
 
-Exit status 1 when a required hook's target is missing or has another signature.
+Exit status 1 when a required hook's target is missing in the installed vLLM or has another
+signature; a release checked against its sources reports its result without changing the status.
 """
 from __future__ import annotations
 
 import argparse
+
+from mmscope.vllm import release_check
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +39,9 @@ def report() -> dict:
                       "status": "ok" if ok else hook.status, "detail": detail})
     return {"vllm_version": version, "supported": instrumentor.supported,
             "version_supported": instrumentor.version_supported(),
-            "entry_point": _entry_point_registered(), "hooks": hooks}
+            "standing": release_check.standing(version),
+            "entry_point": _entry_point_registered(), "hooks": hooks,
+            "releases": release_check.releases_report()}
 
 
 def run(args) -> int:
@@ -49,7 +55,11 @@ def run(args) -> int:
     from rich.table import Table
 
     console = Console()
-    support = "tested" if data["version_supported"] else f"untested (tested: {data['supported']})"
+    support = data["standing"]
+    if support == "untested":
+        where = "within" if data["version_supported"] else "outside"
+        support += (f" ({where} the supported range {data['supported']}; tested: "
+                    f"{', '.join(release_check.TESTED)})")
     console.print(f"vLLM {data['vllm_version']}: {support}")
     console.print("entry point vllm.general_plugins -> mmscope: "
                   + ("registered" if data["entry_point"] else "[red]missing[/red] (reinstall mmscope)"))
@@ -61,4 +71,20 @@ def run(args) -> int:
         table.add_row(h["name"], h["feature"], h["process"], h["target"].split(":")[-1], status)
     console.print(table)
     console.print(f"{len(data['hooks']) - len(failed)}/{len(data['hooks'])} hooks ok")
+    console.print(_releases_table(data["releases"]))
     return 1 if failed or not data["entry_point"] else 0
+
+
+def _releases_table(releases: list[dict]):
+    from rich.table import Table
+
+    table = Table("vLLM release", "how", "result", title="releases")
+    for column in table.columns:
+        column.overflow = "fold"  # the fetch command is copied from here
+    colour = {"ok": "green", "failed": "red", "not checked": "yellow"}
+    for r in releases:
+        status = r.get("status")
+        result = r["detail"] if status is None else (
+            f"[{colour[status]}]{status}[/{colour[status]}]: {r['detail']}")
+        table.add_row(r["version"], r["how"], result)
+    return table
