@@ -1,10 +1,12 @@
 """The tracing backends behind `span`/`mark`: NVTX ranges, Chrome trace-event files, torch ranges.
 
-Each backend has begin(name) -> token, end(name, token), mark(name), flush() and close().
+Each backend has span(name) (its own context manager class: the cheapest way to record a range
+on it), mark(name), flush() and close().
 """
 from __future__ import annotations
 
-from typing import Protocol
+import time
+from typing import Callable, Protocol
 
 from mmscope.emit.chrome import ChromeTraceWriter
 
@@ -12,9 +14,8 @@ from mmscope.emit.chrome import ChromeTraceWriter
 class Backend(Protocol):
     name: str
     live: bool  # False when nothing would be recorded (NVTX with no tool attached)
+    span: Callable[[str], object]  # name -> context manager recording one range
 
-    def begin(self, name: str) -> object: ...
-    def end(self, name: str, token: object) -> None: ...
     def mark(self, name: str) -> None: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
@@ -30,24 +31,39 @@ class NvtxBackend:
 
         # With no tool attached (no nsys, no `mmscope record`) every NVTX call is a no-op: the
         # backend is then left out altogether.
-        self._domain = nvtx.get_domain(None)
-        self.live = isinstance(self._domain, nvtx.Domain)  # else nvtx's documented DummyDomain
-        self._attrs: dict[str, object] = {}
+        domain = nvtx.get_domain(None)
+        self.live = isinstance(domain, nvtx.Domain)  # else nvtx's documented DummyDomain
+        attrs: dict[str, object] = {}
+        push, pop = domain.push_range, domain.pop_range
 
-    def begin(self, name: str) -> None:
-        # Cached event attributes, as nvtx.annotate keeps them: one registered string per name.
-        attr = self._attrs.get(name)
-        if attr is None:
-            attr = self._attrs[name] = self._domain.get_event_attributes(message=name)
-        self._domain.push_range(attr)
+        def attr_of(name: str):
+            # Cached event attributes, as nvtx.annotate keeps them: one registered string a name.
+            attr = attrs.get(name)
+            if attr is None:
+                attr = attrs[name] = domain.get_event_attributes(message=name)
+            return attr
 
-    def end(self, name: str, token: object) -> None:
-        self._domain.pop_range()
+        class NvtxSpan(Decorates):
+            __slots__ = ("name",)
+
+            def __init__(self, name: str):
+                self.name = name
+
+            def __enter__(self):
+                push(attr_of(self.name))
+                return self
+
+            def __exit__(self, exc_type, exc, tb):
+                pop()
+                return False
+
+        self.span = NvtxSpan
+        self._push, self._pop, self._attr_of = push, pop, attr_of
 
     def mark(self, name: str) -> None:
         # A zero-duration push/pop, as the seed's step_meta: nsys shows it as a range.
-        self.begin(name)
-        self._domain.pop_range()
+        self._push(self._attr_of(name))
+        self._pop()
 
     def flush(self) -> None:
         pass
@@ -64,13 +80,24 @@ class ChromeBackend:
 
     def __init__(self, trace_dir: str):
         self.writer = ChromeTraceWriter.for_process(trace_dir)
-        self._now, self._complete = self.writer.now, self.writer.complete
+        now, complete = time.perf_counter_ns, self.writer.complete
 
-    def begin(self, name: str) -> int:
-        return self._now()  # the token is the start time
+        class ChromeSpan(Decorates):
+            __slots__ = ("name", "t0")
 
-    def end(self, name: str, token: int) -> None:
-        self._complete(name, token, self._now())
+            def __init__(self, name: str):
+                self.name = name
+
+            def __enter__(self):
+                self.t0 = now()
+                return self
+
+            def __exit__(self, exc_type, exc, tb):
+                complete(self.name, self.t0, now())
+                return False
+
+        self.span = ChromeSpan
+        self._now, self._complete = now, complete
 
     def mark(self, name: str) -> None:
         t = self._now()
@@ -93,15 +120,7 @@ class TorchBackend:
     def __init__(self):
         from torch.profiler import record_function
 
-        self._record = record_function
-
-    def begin(self, name: str) -> object:
-        rf = self._record(name)
-        rf.__enter__()
-        return rf
-
-    def end(self, name: str, token) -> None:
-        token.__exit__(None, None, None)
+        self.span = self._record = record_function  # torch's own context manager and decorator
 
     def mark(self, name: str) -> None:
         with self._record(name):
@@ -112,6 +131,26 @@ class TorchBackend:
 
     def close(self) -> None:
         pass
+
+
+class Decorates:
+    """`@tracing.span("x")` on a function: a span around each call, of the backends that record
+    at call time (a function decorated while tracing was off records once it is on)."""
+
+    __slots__ = ()
+
+    def __call__(self, fn):
+        import functools
+
+        from mmscope.emit import tracing
+
+        name = self.name
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with tracing.span(name):
+                return fn(*args, **kwargs)
+        return wrapper
 
 
 def make_backend(name: str, trace_dir: str) -> Backend:

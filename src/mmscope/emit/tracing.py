@@ -5,11 +5,10 @@ on too: VLLM_NVTX_SCOPES_FOR_PROFILING=1 -> nvtx, VLLM_CUSTOM_SCOPES_FOR_PROFILI
 """
 from __future__ import annotations
 
-import functools
 import os
 from typing import Callable
 
-from mmscope.emit.backends import Backend, make_backend
+from mmscope.emit.backends import Backend, Decorates, make_backend
 from mmscope.log import logger
 
 BACKEND_NAMES = ("nvtx", "chrome", "torch")
@@ -18,6 +17,56 @@ BACKEND_NAMES = ("nvtx", "chrome", "torch")
 _backends: tuple[Backend, ...] = ()
 # Whether any backend records, as a module attribute: cheaper than a call in per-step checks.
 on = False
+
+
+class _NoSpan(Decorates):
+    """Tracing off: the span records nothing."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        return False
+
+
+class _Spans(Decorates):
+    """Several backends at once: each backend's own span, closed in reverse order."""
+
+    __slots__ = ("name", "_open")
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self._open = [b.span(self.name) for b in _backends]
+        for s in self._open:
+            s.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        for s in reversed(self._open):
+            s.__exit__(exc_type, exc, tb)
+        return False
+
+
+_factory: Callable[[str], object] = _NoSpan
+
+
+def span(name: str):
+    """A named range, `with tracing.span("x"):` or `@tracing.span("x")`: the span of the one
+    backend that records (its own class, the cheapest), of several, or one that records nothing."""
+    return _factory(name)
+
+
+def mark(name: str) -> None:
+    """A zero-duration range (opened and closed at once), e.g. the per-step `step_meta`."""
+    for b in _backends:
+        b.mark(name)
 
 
 def parse_spec(spec: str | None, vllm_nvtx: bool = False, vllm_torch: bool = False) -> tuple[str, ...]:
@@ -50,12 +99,13 @@ def configure(spec: str | None = None, trace_dir: str | None = None) -> tuple[st
     except ValueError as e:
         logger.warning("mmscope: %s; tracing stays off", e)
         names = ()
-    global _backends, on
+    global _backends, on, _factory
     for b in _backends:
         b.close()
     # NVTX with no tool attached records nothing: dropped, so spans cost what disabled ones do.
     _backends = tuple(b for b in (make_backend(n, trace_dir) for n in names) if b.live)
     on = bool(_backends)
+    _factory = _backends[0].span if len(_backends) == 1 else _Spans if _backends else _NoSpan
     return names
 
 
@@ -67,42 +117,6 @@ def active() -> tuple[str, ...]:
 def flush() -> None:
     for b in _backends:
         b.flush()
-
-
-class span:
-    """A named range: `with span("x"):` or `@span("x")`. Costs next to nothing when tracing is off."""
-
-    __slots__ = ("name", "_tokens")
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __enter__(self):
-        if _backends:
-            self._tokens = [b.begin(self.name) for b in _backends]
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        tokens = getattr(self, "_tokens", None)  # None: opened before tracing was switched on
-        if tokens is not None:
-            for b, token in zip(reversed(_backends), reversed(tokens)):
-                b.end(self.name, token)
-        return False
-
-    def __call__(self, fn: Callable) -> Callable:
-        name = self.name
-
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with span(name):
-                return fn(*args, **kwargs)
-        return wrapper
-
-
-def mark(name: str) -> None:
-    """A zero-duration range (opened and closed at once), e.g. the per-step `step_meta`."""
-    for b in _backends:
-        b.mark(name)
 
 
 configure()

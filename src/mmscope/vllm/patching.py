@@ -90,6 +90,14 @@ class Hook:
         return self.status + (f": {self.detail}" if self.detail else "")
 
 
+def retire(name: str, reason: str) -> None:
+    """Hook `name` has nothing to do in this process: vLLM's original from the next call on,
+    without a word (instrument() after uninstrument() applies it again)."""
+    hook = _hooks.pop(name, None)
+    if hook is not None:
+        hook.revert(f"retired: {reason}")
+
+
 def failed(name: str, exc: BaseException) -> None:
     """mmscope's own code raised inside hook `name`: unwrap it (vLLM's original from the next
     call on) and say so once. vLLM's own exceptions never come here: they pass through."""

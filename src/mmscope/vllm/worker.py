@@ -14,7 +14,7 @@ from mmscope.emit import tracing
 from mmscope.emit.stage_timer import ENABLED, WORKER, timed_stage
 from mmscope.emit.step_shape import StepTelemetry, split_prefill_decode
 from mmscope.log import logger
-from mmscope.vllm.patching import failed
+from mmscope.vllm.patching import failed, retire
 from mmscope.vllm.scheduler import SENT_DURATIONS
 
 
@@ -148,7 +148,9 @@ def durations_sent(hook_name: str):
     vLLM's shared empty output is never written to: the durations wait for the next real one."""
     def wrapper(wrapped, runner, args, kwargs):
         output = wrapped(*args, **kwargs)
-        if WORKER.pending and not WORKER.collected_in_process and output is not None:
+        if WORKER.collected_in_process:
+            retire(hook_name, "the scheduler shares this process and takes the durations itself")
+        elif WORKER.pending and output is not None:
             try:
                 if hasattr(output, "__dict__") and output is not _empty_output():
                     setattr(output, SENT_DURATIONS, WORKER.drain())
