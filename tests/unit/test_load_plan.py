@@ -131,11 +131,11 @@ def test_verdict_without_capacity_figures():
 
 
 def test_series_names_match_the_adapter():
-    from mmscope.vllm import stat_loggers
+    from mmscope.expose import metrics
 
-    exposed = {n for n, _ in stat_loggers.COUNTERS.values()} | \
-        {n for n, _ in stat_loggers.GAUGES.values()} | \
-        {n for n, _, _ in stat_loggers.LABELED.values()}
+    exposed = {n for n, _ in metrics.COUNTERS.values()} | \
+        {n for n, _ in metrics.GAUGES.values()} | \
+        {n for n, _, _ in metrics.LABELED.values()}
     for key in (*series.COUNTERS, *series.GAUGES, series.HITS_BY_SOURCE):
         assert series.exposed(key).removesuffix("_total") in exposed
 

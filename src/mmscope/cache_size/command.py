@@ -7,9 +7,12 @@ import argparse
 import json
 import sys
 
-from mmscope.errors import UserError
+from mmscope.errors import UserError, check_output_file
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+PLOT_FORMATS = ("png", "svg", "pdf")
+MAX_HIDDEN_SIZE = 1 << 20  # wider than any model's hidden state: a typo, not a model
+MAX_CAPACITY = 2**62  # the model's distances are int64; beyond this every repeat hits anyway
 EPILOG = """\
 The model replays vLLM 0.32's EncoderCacheManager rule: entries referenced by a running request
 are never evicted; unreferenced ones stay resident and are evicted oldest-freed first, only when
@@ -46,13 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from mmscope.cache_size import model, trace
+    from mmscope.cache_size.report import print_table, report
 
     target = _target(args.target_hit_rate)
     per_token = _bytes_per_token(args)
+    if args.plot:
+        check_output_file(args.plot, "--plot", PLOT_FORMATS)
     log = trace.load(args.log)
     c = model.curve(log, args.release)
     grid = _capacities(args.capacities, c)
-    result = report(log, c, grid, target, per_token, args)
+    result = report(log, c, grid, target, per_token, args.hidden_size, args.dtype)
     if args.plot:
         from mmscope.cache_size.plot import write_plot
 
@@ -76,8 +82,9 @@ def _target(value: float) -> float:
 def _bytes_per_token(args) -> int | None:
     if args.hidden_size is None:
         return None
-    if args.hidden_size <= 0:
-        raise UserError(f"--hidden-size: {args.hidden_size} is not a positive width")
+    if not 0 < args.hidden_size <= MAX_HIDDEN_SIZE:
+        raise UserError(f"--hidden-size: {args.hidden_size} is not a width between 1 and "
+                        f"{MAX_HIDDEN_SIZE}")
     return args.hidden_size * DTYPE_BYTES[args.dtype]
 
 
@@ -95,110 +102,13 @@ def _capacities(values: list[str] | None, c) -> list[int]:
         if n < c.largest_item:
             raise UserError(f"--capacities: {n} is below the largest item ({c.largest_item} "
                             "embeddings), which vLLM's encoder cache must hold")
+        if n > MAX_CAPACITY:
+            raise UserError(f"--capacities: {n} is above the largest capacity the model "
+                            f"replays (2**62 embeddings)")
         out.add(n)
     if not out:
         raise UserError("--capacities: no capacity given")
     return sorted(out)
-
-
-def report(log, c, grid: list[int], target: float, per_token: int | None, args) -> dict:
-    """Everything the table, the JSON and the plot show."""
-    def size(tokens):
-        return None if tokens is None or per_token is None else tokens * per_token
-
-    recommended = c.capacity_for(target)
-    recorded = c.recorded_capacity
-    return {
-        "log": log.path,
-        "release": c.release,
-        "queries": c.queries,
-        "repeats": c.repeats,
-        "largest_item_tokens": c.largest_item,
-        "curve": [{"capacity_tokens": n, "capacity_bytes": size(n), "hits": c.hits(n),
-                   "hit_rate": c.hit_rate(n)} for n in grid],
-        "target_hit_rate": target,
-        "recommended_tokens": recommended,
-        "recommended_bytes": size(recommended),
-        "max_hit_rate": c.repeats / c.queries,
-        "saturation_tokens": c.saturation,
-        "saturation_bytes": size(c.saturation),
-        "recorded_capacity_tokens": recorded,
-        "recorded_capacity_bytes": size(recorded),
-        "recorded_hit_rate": c.recorded_hits / c.queries,
-        "model_hit_rate_at_recorded": c.hit_rate(recorded) if recorded else None,
-        "bytes_per_token": per_token,
-        "hidden_size": args.hidden_size,
-        "dtype": args.dtype if per_token else None,
-        "engines": [{"engine": e.engine, "capacity_tokens": e.capacity, "queries": e.accesses,
-                     "hits": e.hits} for e in log.engines.values()],
-    }
-
-
-def print_table(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console() if sys.stdout.isatty() else Console(width=120)
-    print(_heading(r), flush=True)
-    table = Table(box=None, pad_edge=False)
-    table.add_column("capacity (embeds)", justify="right")
-    if r["bytes_per_token"]:
-        table.add_column(f"bytes ({r['hidden_size']} x {r['dtype']})", justify="right")
-    table.add_column("hit rate", justify="right")
-    table.add_column("hits", justify="right")
-    table.add_column("")
-    for row in r["curve"]:
-        cells = [str(row["capacity_tokens"])]
-        if r["bytes_per_token"]:
-            cells.append(human_bytes(row["capacity_bytes"]))
-        cells += [f"{100 * row['hit_rate']:.1f}%", str(row["hits"]), _marks(row, r)]
-        table.add_row(*cells)
-    console.print(table)
-    print(_answer(r))
-
-
-def _heading(r: dict) -> str:
-    n = len(r["engines"])
-    lines = [f"{r['log']}: {r['queries']} encoder-cache accesses, {r['repeats']} repeats, largest "
-             f"item {r['largest_item_tokens']} embeds"
-             + (f", {n} engines replayed separately (hits summed)" if n > 1 else "")]
-    if r["recorded_capacity_tokens"]:
-        lines.append(f"recorded at {r['recorded_capacity_tokens']} embeds: "
-                     f"{100 * r['recorded_hit_rate']:.1f}% hits in the log, "
-                     f"{100 * r['model_hit_rate_at_recorded']:.1f}% by the model")
-    when = "each access" if r["release"] == "access" else "request end"
-    lines.append("model: vLLM 0.32 eviction (unreferenced entries, oldest freed first), "
-                 f"references released at {when}")
-    return "\n".join(lines)
-
-
-def _marks(row: dict, r: dict) -> str:
-    marks = []
-    if row["capacity_tokens"] == r["recorded_capacity_tokens"]:
-        marks.append("recorded")
-    if row["capacity_tokens"] == r["saturation_tokens"]:
-        marks.append("every repeat hits")
-    return ", ".join(marks)
-
-
-def _answer(r: dict) -> str:
-    want = f"{100 * r['target_hit_rate']:g}%"
-    if r["recommended_tokens"] is None:
-        return (f"{want} hits: unreachable on this traffic, only {100 * r['max_hit_rate']:.1f}% "
-                f"of accesses are repeats (reached from {_size(r, 'saturation')})")
-    return f"{want} hits: {_size(r, 'recommended')} or more"
-
-
-def _size(r: dict, name: str) -> str:
-    tokens, nbytes = r[f"{name}_tokens"], r[f"{name}_bytes"]
-    return f"{tokens} embeds" + (f" ({human_bytes(nbytes)})" if nbytes is not None else "")
-
-
-def human_bytes(n: int) -> str:
-    units, x, i = ("B", "KiB", "MiB", "GiB", "TiB"), float(n), 0
-    while x >= 1024 and i < len(units) - 1:
-        x, i = x / 1024, i + 1
-    return f"{n} B" if i == 0 else f"{x:.1f} {units[i]}"
 
 
 def main(argv: list[str] | None = None) -> int:

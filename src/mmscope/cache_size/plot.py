@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from mmscope.cache_size.report import human_bytes
 from mmscope.errors import UserError
 
 
@@ -65,10 +66,9 @@ def _mark_capacities(ax, c, r: dict) -> None:
 
 
 def _bytes_axis(ax, r: dict) -> None:
-    from mmscope.cache_size.command import human_bytes
+    from matplotlib.ticker import FixedLocator, NullLocator
 
     per = r["bytes_per_token"]
-    from matplotlib.ticker import FixedLocator, NullLocator
 
     top = ax.secondary_xaxis("top", functions=(lambda x: x * per, lambda b: b / per))
     lo, hi = ax.get_xlim()

@@ -5,14 +5,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 
-from mmscope.errors import UserError
+from mmscope.errors import UserError, check_output_file
 
 DEFAULT_REUSE = "0,0.5,0.9"
 DEFAULT_IMAGE_SIZE = "224x224"
 UNEXPLAINED_EXIT = 1
+PLOT_FORMATS = ("png", "svg", "pdf")
+# Upper bounds: the plan is built in memory before the first request, one task per concurrent
+# request, and a timeout must fit the socket layer's timeval.
+MAX_LEVELS = 100
+MAX_REQUESTS = 100_000
+MAX_IMAGES_PER_LEVEL = 1_000_000
+MAX_IMAGES_PER_REQUEST = 256
+MAX_CONCURRENCY = 1024
+MAX_TOKENS = 2**31 - 1
+MAX_SEED = 2**63 - 1
+MAX_TIMEOUT_S = 7 * 86400.0
 DESCRIPTION = "verify the encoder cache under sweep load against a live server"
 
 
@@ -25,18 +37,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="R,R,...",
                         help=f"shares of images that repeat an earlier image of the level, each in "
                              f"[0, 1] (default: {DEFAULT_REUSE})")
-    parser.add_argument("--requests", type=_at_least(1), default=32, metavar="N",
+    parser.add_argument("--requests", type=_within(1, MAX_REQUESTS), default=32, metavar="N",
                         help="requests per level (default: 32)")
-    parser.add_argument("--images-per-request", type=_at_least(1), default=1, metavar="K",
+    parser.add_argument("--images-per-request", type=_within(1, MAX_IMAGES_PER_REQUEST), default=1,
+                        metavar="K",
                         help="images in each request (default: 1)")
-    parser.add_argument("--concurrency", type=_at_least(1), default=4, metavar="C",
+    parser.add_argument("--concurrency", type=_within(1, MAX_CONCURRENCY), default=4, metavar="C",
                         help="requests in flight at once (default: 4)")
     parser.add_argument("--image-size", type=image_size, default=image_size(DEFAULT_IMAGE_SIZE),
                         metavar="WxH", help=f"synthetic image size (default: {DEFAULT_IMAGE_SIZE})")
-    parser.add_argument("--seed", type=_at_least(0), metavar="S",
+    parser.add_argument("--seed", type=_within(0, MAX_SEED), metavar="S",
                         help="seed of the images and prompts (default: a new one per run, printed, "
                              "since a server still holds the images of a run with the same seed)")
-    parser.add_argument("--max-tokens", type=_at_least(1), default=4, metavar="T",
+    parser.add_argument("--max-tokens", type=_within(1, MAX_TOKENS), default=4, metavar="T",
                         help="tokens generated per request (default: 4)")
     parser.add_argument("--timeout", type=_positive, default=600.0, metavar="SECONDS",
                         help="give up after this long in all (default: 600)")
@@ -45,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of tables")
     parser.add_argument("--plot", metavar="FILE",
-                        help="write a PNG of hit rate and TTFT against reuse")
+                        help="write hit rate and TTFT against reuse as PNG, SVG or PDF")
 
 
 def reuse_levels(text: str) -> list[float]:
@@ -56,6 +69,8 @@ def reuse_levels(text: str) -> list[float]:
             f"not a comma-separated list of numbers: {text!r}") from None
     if not levels or any(not 0 <= r <= 1 for r in levels):
         raise argparse.ArgumentTypeError(f"reuse levels must lie in [0, 1]: {text!r}")
+    if len(levels) > MAX_LEVELS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_LEVELS} reuse levels: {text!r}")
     return levels
 
 
@@ -69,7 +84,7 @@ def image_size(text: str) -> tuple[int, int]:
     return width, height
 
 
-def _at_least(low: int):
+def _within(low: int, high: int):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -77,6 +92,8 @@ def _at_least(low: int):
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}: {text!r}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}: {text!r}")
         return value
     return parse
 
@@ -88,7 +105,22 @@ def _positive(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    if not (math.isfinite(value) and value <= MAX_TIMEOUT_S):
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_TIMEOUT_S:g} s: {text!r}")
     return value
+
+
+def _check_before_planning(args: argparse.Namespace) -> None:
+    """What argparse cannot see alone: the URL, the plan's size, the plot's path."""
+    from mmscope.load.client import base_url
+
+    base_url(args.url)
+    if args.requests * args.images_per_request > MAX_IMAGES_PER_LEVEL:
+        raise UserError(f"--requests {args.requests} of --images-per-request "
+                        f"{args.images_per_request} is more than {MAX_IMAGES_PER_LEVEL:,} images "
+                        "per level")
+    if args.plot:
+        check_output_file(args.plot, "--plot", PLOT_FORMATS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
     from mmscope.load import plan, report
 
+    _check_before_planning(args)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     workload = plan.build(seed, args.reuse, args.requests, args.images_per_request, args.image_size)
     try:
