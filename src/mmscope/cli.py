@@ -17,12 +17,14 @@ from mmscope.errors import UserError
 # name -> (module, one-line help). Modules are imported lazily so `mmscope --help` stays fast.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("mmscope.demo.command", "run the whole pipeline on a tiny built-in model on the CPU"),
-    "tiny-model": ("mmscope.demo.tiny_model", "build a tiny vision-language model directory that vLLM serves"),
+    "tiny-model": ("mmscope.demo.tiny_model",
+                   "build a tiny vision-language model directory that vLLM serves"),
     "doctor": ("mmscope.vllm.doctor", "check every vLLM hook against the installed vLLM"),
     "analyze": ("mmscope.analyze.command", "per-stage table, checks and step join of a profile"),
     "compare": ("mmscope.analyze.compare_command", "per-stage deltas between two profiles"),
     "record": ("mmscope.record.command", "capture NVTX ranges of a command without Nsight Systems"),
-    "load": ("mmscope.load.command", "verify the encoder cache under sweep load against a live server"),
+    "load": ("mmscope.load.command",
+             "verify the encoder cache under sweep load against a live server"),
     "cache-size": ("mmscope.cache_size.command",
                    "encoder-cache hit rate against capacity, from an access log"),
 }

@@ -1,18 +1,15 @@
 """`mmscope load` against the real OpenAI server on the tiny model (loopback only): exact counts
 when the encoder cache holds a level, a capacity-explained shortfall when it cannot, and one-line
-errors for an unreachable server, one without mmscope's counters, a wrong model, server errors."""
+errors for a wrong model and a request vLLM refuses (stand-in servers: tests/unit/test_load_*)."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import threading
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from mmscope.demo.serve import VllmServer, free_port
+from mmscope.demo.serve import VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -120,85 +117,3 @@ def test_server_error_reaches_the_user(traced_server):
     # More tokens than the model's length: vLLM answers 400 to the first (probe) request.
     message = one_line_error(load(traced_server.url, *TINY, "--max-tokens", "5000"))
     assert message.startswith("mmscope: error: probe request without an image: HTTP 400: ")
-
-
-def test_unreachable_server():
-    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    message = one_line_error(load(url, "--timeout", "30"))
-    assert message.startswith(f"mmscope: error: cannot reach {url}")
-
-
-# --- stand-ins for servers that are not vLLM with mmscope ----------------------------------------
-PLAIN_VLLM_METRICS = ("# HELP vllm:prefix_cache_queries_total Prefix cache queries.\n"
-                      "# TYPE vllm:prefix_cache_queries_total counter\n"
-                      'vllm:prefix_cache_queries_total{model_name="m",engine="0"} 0.0\n')
-MMSCOPE_METRICS = PLAIN_VLLM_METRICS + (
-    "# TYPE vllm:encoder_cache_queries_total counter\n"
-    'vllm:encoder_cache_queries_total{model_name="m",engine="0"} 0.0\n')
-
-
-@contextmanager
-def stand_in(metrics: str, chat_status: int = 400, chat_delay_s: float = 0.0):
-    """A loopback HTTP server with /v1/models, /metrics and a chat endpoint that fails or stalls."""
-    stop = threading.Event()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            routes = {"/v1/models": ("application/json", json.dumps({"data": [{"id": "m"}]})),
-                      "/metrics": ("text/plain", metrics)}
-            if self.path not in routes:
-                return self._send(404, "application/json", '{"detail": "Not Found"}')
-            self._send(200, *routes[self.path])
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            if chat_delay_s:
-                stop.wait(chat_delay_s)
-            self._send(chat_status, "application/json",
-                       json.dumps({"error": {"message": "the model is asleep", "code": 400}}))
-
-        def _send(self, status, kind, body):
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        stop.set()
-        server.shutdown()
-        server.server_close()
-
-
-def test_server_without_mmscope_counters():
-    with stand_in(PLAIN_VLLM_METRICS) as url:
-        message = one_line_error(load(url))
-    assert message == (f"mmscope: error: {url}/metrics has no vllm:encoder_cache_queries_total: is "
-                       "mmscope installed in the server's Python environment (vLLM loads it as a "
-                       "plugin)?")
-
-
-def test_error_answer_from_the_server():
-    with stand_in(MMSCOPE_METRICS) as url:
-        message = one_line_error(load(url + "/v1"))
-    assert message == ("mmscope: error: probe request without an image: HTTP 400: "
-                       "the model is asleep")
-
-
-def test_request_and_total_timeouts():
-    with stand_in(MMSCOPE_METRICS, chat_status=200, chat_delay_s=10) as url:
-        per_request = one_line_error(load(url, "--request-timeout", "0.5"))
-        total = one_line_error(load(url, "--timeout", "0.5"))
-    assert per_request.endswith("no complete answer from " + url + " within 0.5 s "
-                                "(--request-timeout)")
-    assert total == ("mmscope: error: the sweep did not finish within --timeout 0.5 s; raise it "
-                     "or send fewer --requests")
