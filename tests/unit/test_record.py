@@ -277,23 +277,77 @@ def test_short_lived_threads_reuse_rings(tmp_path):
     assert len(per_thread) == 60 and {(n, k) for _, n, k in per_thread} == {(70, 1)}
 
 
-def test_native_writer_matches_sqlite_inserts(tmp_path):
-    from mmscope.record.writer import write_export
+def test_a_recording_has_what_nsys_exports_and_readers_look_up(tmp_path):
+    db = tmp_path / "n.sqlite"
+    res = record(db, PY, str(DATA / "nvtx_loop.py"), str(tmp_path / "r"), "5")
+    assert res.returncode == 0, res.stderr
+    meta = dict(query(db, "SELECT name, value FROM META_DATA_EXPORT"))
+    assert meta["EXPORT_SCHEMA_VERSION"] == "3.28.1" and meta["EXPORT_PRODUCT_VERSION"].startswith("mmscope record")
+    capture = dict(query(db, "SELECT name, value FROM META_DATA_CAPTURE"))
+    assert capture["CAPTURE_EVENT_TYPE"] == "NvtxEvents"
+    assert capture["PROCESS_0:COMMAND"] == PY and capture["PROCESS_0:ARGUMENT_0"] == str(DATA / "nvtx_loop.py")
+    types = {i: (n, label) for i, n, label in query(db, "SELECT id, name, label FROM ENUM_NSYS_EVENT_TYPE")}
+    for i, name in [(33, "NvtxCategory"), (34, "NvtxMark"), (39, "NvtxThread"), (59, "NvtxPushPopRange"),
+                    (60, "NvtxStartEndRange"), (70, "NvtxtPushPopRange"), (71, "NvtxtStartEndRange"),
+                    (75, "NvtxDomainCreate"), (76, "NvtxDomainDestroy")]:
+        assert types[i] == (name, name)
+    # every event type the file uses is in the enum
+    used = {t for (t,) in query(db, "SELECT DISTINCT eventType FROM NVTX_EVENTS")}
+    assert used and used <= set(types)
+    assert (0, "TRACE_PROCESS_EVENT_CUDA_RUNTIME") in query(db, "SELECT id, name FROM ENUM_NSYS_EVENT_CLASS")
 
-    exe = _compile(tmp_path)
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    env = dict(os.environ, NVTX_INJECTION64_PATH=native_library("_nvtx_inject"), MMSCOPE_RECORD_DIR=str(spool))
-    subprocess.run([str(exe)], env=env, check=True, capture_output=True)
-    subprocess.run([PY, str(DATA / "nvtx_loop.py"), str(tmp_path / "r"), "50"], env=env, check=True)
-    fast, slow = tmp_path / "fast.sqlite", tmp_path / "slow.sqlite"
-    write_export(str(spool), str(fast), native=True)
-    write_export(str(spool), str(slow), native=False)
-    assert query(fast, "PRAGMA integrity_check") == [("ok",)]
-    sql = "SELECT * FROM NVTX_EVENTS ORDER BY eventId"
-    assert query(fast, sql) == query(slow, sql) and len(query(fast, sql)) > 100
-    # same declared schema, so readers that inspect column types see the same table
-    assert query(fast, "PRAGMA table_info(NVTX_EVENTS)") == query(slow, "PRAGMA table_info(NVTX_EVENTS)")
+    def columns(table):
+        return [(name, decl, notnull) for _, name, decl, notnull, _, _ in query(db, f"PRAGMA table_info({table})")]
+
+    kernel = columns("CUPTI_ACTIVITY_KIND_KERNEL")
+    assert kernel[:9] == [("start", "INTEGER", 1), ("end", "INTEGER", 1), ("deviceId", "INTEGER", 1),
+                          ("contextId", "INTEGER", 1), ("greenContextId", "INTEGER", 0),
+                          ("streamId", "INTEGER", 1), ("correlationId", "INTEGER", 0),
+                          ("globalPid", "INTEGER", 0), ("demangledName", "INTEGER", 1)]
+    assert kernel[-1] == ("tensorSizeMinusOneElements", "TEXT", 1) and len(kernel) == 40
+    runtime = [c[0] for c in columns("CUPTI_ACTIVITY_KIND_RUNTIME")]
+    assert runtime == ["start", "end", "eventClass", "globalTid", "correlationId", "nameId",
+                       "returnValue", "callchainId"]
+    assert {"bytes", "copyKind", "srcKind", "dstKind"} <= {c[0] for c in columns("CUPTI_ACTIVITY_KIND_MEMCPY")}
+    assert {"value", "bytes", "memKind"} <= {c[0] for c in columns("CUPTI_ACTIVITY_KIND_MEMSET")}
+    assert {"syncType", "eventId"} <= {c[0] for c in columns("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")}
+    for table in ("KERNEL", "RUNTIME", "MEMCPY", "MEMSET", "SYNCHRONIZATION"):
+        assert query(db, f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_{table}") == [(0,)]
+    nvtx = columns("NVTX_EVENTS")
+    assert nvtx[0] == ("start", "INTEGER", 1) and nvtx[-1] == ("eventId", "INTEGER", 1) and len(nvtx) == 21
+    # eventId is the rowid, as in nsys's declaration
+    assert query(db, "SELECT count(*) FROM NVTX_EVENTS WHERE eventId != rowid") == [(0,)]
+
+
+def test_long_names_are_kept_whole(tmp_path):
+    """Names longer than a SQLite page go to overflow pages, not cut."""
+    db = tmp_path / "long.sqlite"
+    code = ("import nvtx\n"
+            "with nvtx.annotate('a' * 100_000):\n    pass\n"
+            "with nvtx.annotate('\u00fc' * 40_000):\n    pass\n")
+    res = record(db, PY, "-c", code)
+    assert res.returncode == 0, res.stderr
+    names = {r["name"] for r in rows(db) if r["eventType"] == 59}
+    assert names == {"a" * 100_000, "\u00fc" * 40_000}
+    assert query(db, "PRAGMA integrity_check") == [("ok",)]
+
+
+@pytest.mark.parametrize("value", ["-5", "-0.1", "nan", "inf", "3601", "1e9", "five"])
+def test_linger_out_of_range_is_a_one_line_error(tmp_path, value):
+    out = tmp_path / "x.sqlite"
+    res = subprocess.run([PY, "-m", "mmscope.cli", "record", "-o", str(out), "--linger", value, "--", "true"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mmscope: error: --linger "), res.stderr
+    assert not out.exists()
+
+
+def test_usage_errors_are_one_line(tmp_path):
+    res = subprocess.run([PY, "-m", "mmscope.cli", "record", "-o"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mmscope: error: argument -o/--output"), res.stderr
 
 
 def _pushes(seqs) -> np.ndarray:

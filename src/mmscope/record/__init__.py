@@ -9,7 +9,7 @@ import os
 
 
 def native_library(stem: str) -> str | None:
-    """Path of one of the package's C libraries (`_nvtx_inject`, `_sqlite_pages`), or None."""
+    """Path of one of the package's C libraries (`_nvtx_inject`), or None."""
     here = os.path.dirname(os.path.abspath(__file__))
     found = sorted(glob.glob(os.path.join(here, f"{stem}*.so")))
     return found[0] if found else None

@@ -15,6 +15,7 @@ from mmscope.errors import UserError
 
 DEFAULT_OUTPUT = "mmscope-record.sqlite"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+MAX_LINGER_S = 3600.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,11 +28,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder for the per-process spool files (default: a hidden temporary "
                              "folder beside the output)")
     parser.add_argument("--keep-spool", action="store_true", help="keep the spool files afterwards")
-    parser.add_argument("--linger", type=float, default=5.0, metavar="SECONDS",
+    parser.add_argument("--linger", default="5", metavar="SECONDS",
                         help="after the command exits, how long to wait for processes it left in "
-                             "its process group (default: 5)")
+                             f"its process group, 0 to {MAX_LINGER_S:g} (default: 5)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
                         help="the command to run")
+    parser.error = _one_line_error
+
+
+def _one_line_error(message: str) -> None:
+    """Usage errors in the same one line as every other error of the command."""
+    print(f"mmscope: error: {message} (see mmscope record --help)", file=sys.stderr)
+    sys.exit(2)
+
+
+def _linger_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise UserError(f"--linger takes a number of seconds, not {text!r}") from None
+    if not 0 <= seconds <= MAX_LINGER_S:  # also false for nan
+        raise UserError(f"--linger must be between 0 and {MAX_LINGER_S:g} seconds, not {text}")
+    return seconds
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UserError("no command given: mmscope record [-o FILE] -- COMMAND [ARGS...]")
+    linger = _linger_seconds(args.linger)
     executable = _resolve(command[0])
     output = _check_output(args.output, args.force)
     from mmscope.record import native_library
@@ -49,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("the NVTX injection library is not built; reinstall mmscope with a C compiler")
     spool = _make_spool(args.spool_dir, output)
     try:
-        return _record(command, executable, library, spool, output, args.linger)
+        return _record(command, executable, library, spool, output, linger)
     finally:
         if not args.keep_spool:
             shutil.rmtree(spool, ignore_errors=True)
@@ -89,7 +108,8 @@ def _record(command, executable, library, spool, output, linger) -> int:
 
     env = dict(os.environ, NVTX_INJECTION64_PATH=library, MMSCOPE_RECORD_DIR=spool)
     ticks, ns, tsc = clock_pair()
-    session = Session(start_ns=ns, utc_epoch_ns=time.time_ns(), pairs=[(ticks, ns)], tsc=tsc)
+    session = Session(start_ns=ns, utc_epoch_ns=time.time_ns(), pairs=[(ticks, ns)], tsc=tsc,
+                      command=[executable, *command[1:]])
     returncode = _run_child(command, executable, env, linger)
     ticks, ns, _ = clock_pair()
     session.pairs.append((ticks, ns))

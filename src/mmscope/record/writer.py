@@ -7,49 +7,26 @@ from __future__ import annotations
 import ctypes
 import datetime as _dt
 import os
-import sqlite3
 import time
 from dataclasses import dataclass, field
 
+import adbc_driver_sqlite.dbapi as adbc
 import numpy as np
+import polars as pl
 
-from mmscope.record import native_library
+from mmscope.record import native_library, schema
 from mmscope.record.spool import (END, MSG_ASCII, MSG_REGISTERED, MSG_UNICODE, PUSH, START,
                                   Process, read_spool_dir)
 
-SCHEMA_VERSION = "3.28.1"
 VM_ID = 1  # nsys puts the local machine's VM id 1 into bits 48-55 of globalTid/globalPid
-MAX_TEXT_BYTES = 32768  # keeps every row inside one 64 KiB SQLite page
-
-EVENT_TYPES = [(33, "NvtxCategory"), (34, "NvtxMark"), (39, "NvtxThread"), (59, "NvtxPushPopRange"),
-               (60, "NvtxStartEndRange"), (70, "NvtxtPushPopRange"), (71, "NvtxtStartEndRange"),
-               (75, "NvtxDomainCreate"), (76, "NvtxDomainDestroy")]
-EVENT_CLASSES = [(0, "TRACE_PROCESS_EVENT_CUDA_RUNTIME"), (1, "TRACE_PROCESS_EVENT_CUDA_DRIVER")]
-
-NVTX_EVENTS_SQL = (
-    "CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, end INTEGER, eventType INTEGER NOT NULL, "
-    "rangeId INTEGER, category INTEGER, color INTEGER, text TEXT, globalTid INTEGER, "
-    "endGlobalTid INTEGER, textId INTEGER, domainId INTEGER, uint64Value INTEGER, "
-    "int64Value INTEGER, doubleValue REAL, uint32Value INTEGER, int32Value INTEGER, "
-    "floatValue REAL, jsonTextId INTEGER, jsonText TEXT, binaryData TEXT, "
-    "eventId INTEGER NOT NULL PRIMARY KEY)")
 NVTX_COLUMNS = ["start", "end", "eventType", "rangeId", "category", "color", "text", "globalTid",
                 "endGlobalTid", "textId", "domainId", "uint64Value", "int64Value", "doubleValue",
                 "uint32Value", "int32Value", "floatValue", "jsonTextId", "jsonText", "binaryData",
                 "eventId"]
 REAL_COLUMNS = {"doubleValue", "floatValue"}
-OTHER_TABLES = [
-    "CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE ThreadNames (nameId INTEGER NOT NULL, priority INTEGER, globalTid INTEGER)",
-    "CREATE TABLE PROCESSES (globalPid INTEGER, pid INTEGER, name TEXT)",
-    "CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INTEGER, utcTime TEXT, "
-    "localTime TEXT, systemClockNs INTEGER, sessionStartCntVctNs INTEGER)",
-    "CREATE TABLE ANALYSIS_DETAILS (globalVid INTEGER NOT NULL, duration INTEGER NOT NULL, "
-    "startTime INTEGER NOT NULL, stopTime INTEGER NOT NULL)",
-    "CREATE TABLE META_DATA_EXPORT (name TEXT NOT NULL, value TEXT)",
-    "CREATE TABLE ENUM_NSYS_EVENT_TYPE (id INTEGER NOT NULL PRIMARY KEY, name TEXT, label TEXT)",
-    "CREATE TABLE ENUM_NSYS_EVENT_CLASS (id INTEGER NOT NULL PRIMARY KEY, name TEXT, label TEXT)",
-]
+# The file is written once by one process and replaced into place only when complete, so
+# SQLite's journal and syncing guard nothing here.
+PRAGMAS = ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE", "cache_size=-262144")
 
 
 @dataclass
@@ -61,6 +38,7 @@ class Session:
     utc_epoch_ns: int | None = None
     pairs: list[tuple[int, int]] = field(default_factory=list)
     tsc: bool = False
+    command: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -128,7 +106,7 @@ class RawClock:
 # ---- strings ---------------------------------------------------------------------------------------
 
 class StringPool:
-    """Global string table: StringIds ids are index + 1; the C writer takes indexes into a blob."""
+    """Global string table: StringIds ids are index + 1; rows hold indexes (-1 for none)."""
 
     def __init__(self):
         self.index: dict[str, int] = {}
@@ -145,19 +123,8 @@ class StringPool:
         """Array mapping a process's string ids to pool indexes (-1 for unknown ids)."""
         lut = np.full(max(strings, default=0) + 1, -1, np.int64)
         for sid, s in strings.items():
-            lut[sid] = self.add(_clip(s))
+            lut[sid] = self.add(s)
         return lut
-
-    def blob(self) -> tuple[bytes, np.ndarray]:
-        encoded = [s.encode("utf-8") for s in self.values]
-        offsets = np.zeros(len(encoded) + 1, np.int64)
-        np.cumsum([len(e) for e in encoded], out=offsets[1:])
-        return b"".join(encoded), offsets
-
-
-def _clip(s: str) -> str:
-    b = s.encode("utf-8", "replace")
-    return s if len(b) <= MAX_TEXT_BYTES else b[:MAX_TEXT_BYTES].decode("utf-8", "ignore")
 
 
 # ---- rows ------------------------------------------------------------------------------------------
@@ -328,100 +295,85 @@ def _meta_rows(cols: Columns, proc: Process, clock, t0: int, lut: np.ndarray) ->
              globalTid=base + a[:, 4], domainId=a[:, 1])
 
 
-# ---- SQLite ----------------------------------------------------------------------------------------
+# ---- tables ----------------------------------------------------------------------------------------
 
-_COL_NULL, _COL_INT, _COL_REAL, _COL_TEXT, _COL_INT32 = 0, 1, 2, 3, 4
-
-
-def _write_events_native(path: str, n: int, cols: dict, order, blob: bytes, offsets: np.ndarray) -> bool:
-    lib_path = native_library("_sqlite_pages")
-    if lib_path is None:
-        return False
-    lib = ctypes.CDLL(lib_path)
-    k = len(NVTX_COLUMNS)
-    types = (ctypes.c_int32 * k)()
-    data = (ctypes.c_void_p * k)()
-    nulls = (ctypes.c_void_p * k)()
-    keep = []
-    for i, name in enumerate(NVTX_COLUMNS):
-        if name not in cols:
-            types[i] = _COL_NULL
-            continue
-        v, m = cols[name]
-        if name == "text":
-            types[i] = _COL_TEXT
-            v = np.ascontiguousarray(v, np.int64)
-        elif name in REAL_COLUMNS:
-            types[i] = _COL_REAL
-            v = np.ascontiguousarray(v, np.float64)
-        elif v.dtype == np.int32:
-            types[i] = _COL_INT32
-            v = np.ascontiguousarray(v)
-        else:
-            types[i] = _COL_INT
-            v = np.ascontiguousarray(v, np.int64)
-        keep.append(v)
-        data[i] = v.ctypes.data
-        if m is not None:
-            m = np.ascontiguousarray(m, np.uint8)
-            keep.append(m)
-            nulls[i] = m.ctypes.data
-    err = ctypes.create_string_buffer(256)
-    offsets = np.ascontiguousarray(offsets, np.int64)
-    order_p = None
+def _column(name: str, values: np.ndarray, null: np.ndarray | None, order) -> pl.Series:
     if order is not None:
-        order = np.ascontiguousarray(order, np.int64)
-        order_p = order.ctypes.data_as(ctypes.c_void_p)
-    rc = lib.mm_sqlite_write_table(
-        os.fsencode(path), ctypes.c_uint32(65536), b"NVTX_EVENTS", NVTX_EVENTS_SQL.encode(),
-        ctypes.c_int64(n), ctypes.c_int32(k), types, data, nulls, order_p, blob,
-        offsets.ctypes.data_as(ctypes.c_void_p), err, ctypes.c_int32(len(err)))
-    if rc != 0:
-        raise OSError(f"cannot write {path}: {err.value.decode(errors='replace')}")
-    return True
+        values, null = values[order], None if null is None else null[order]
+    series = pl.Series(name, values)
+    if null is None:
+        return series
+    return pl.select(pl.when(pl.Series(~null)).then(series).alias(name)).to_series()
 
 
-def _write_events_sqlite(con: sqlite3.Connection, cols: dict, order, strings: list[str]) -> None:
-    """The plain path, for builds without the C writer (and as its reference in tests)."""
-    names = [c for c in NVTX_COLUMNS if c in cols]
-    lists = []
-    for name in names:
-        v, m = cols[name]
-        if order is not None:
-            v, m = v[order], None if m is None else m[order]
-        vals = v.tolist()
+def _nvtx_frame(rows: _Rows) -> pl.DataFrame:
+    """NVTX_EVENTS in start order, eventId 1..n; columns that are NULL throughout are left out."""
+    series = []
+    for name in NVTX_COLUMNS:
+        if name not in rows.columns:
+            continue
+        values, null = rows.columns[name]
         if name == "text":
-            vals = [None if i < 0 else strings[i] for i in vals]
-        elif name in REAL_COLUMNS:
-            vals = [None if x != x else x for x in vals]
-        if m is not None:
-            vals = [None if null else x for x, null in zip(vals, m.tolist())]
-        lists.append(vals)
-    sql = f"INSERT INTO NVTX_EVENTS ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
-    con.executemany(sql, zip(*lists))
+            series.append(_text_column(values, null, rows.order, rows.pool.values))
+        else:
+            series.append(_column(name, values, null, rows.order))
+    series.append(pl.Series("eventId", np.arange(1, rows.n + 1, dtype=np.int64)))
+    return pl.DataFrame(series)
 
 
-def _tables(con: sqlite3.Connection, pool: StringPool, procs: list[Process], t0_ns: int,
-            session: Session, duration: int, thread_rows: list[tuple[int, int]]) -> None:
-    for ddl in OTHER_TABLES:
-        con.execute(ddl)
-    con.executemany("INSERT INTO StringIds VALUES (?, ?)", ((i + 1, s) for i, s in enumerate(pool.values)))
-    con.executemany("INSERT INTO ThreadNames VALUES (?, NULL, ?)", thread_rows)
-    con.executemany("INSERT INTO PROCESSES VALUES (?, ?, ?)", ((gpid(p.pid), p.pid, p.comm) for p in procs))
+def _text_column(index: np.ndarray, null: np.ndarray | None, order, strings: list[str]) -> pl.Series:
+    """Pool indexes to the strings themselves (the `text` column holds unregistered messages)."""
+    missing = index < 0 if null is None else (index < 0) | null
+    index = _column("text", np.where(missing, 0, index), missing, order)
+    return pl.Series("text", strings, pl.String).gather(index)
+
+
+def _small_tables(rows: _Rows, procs: list[Process], t0_ns: int, session: Session,
+                  duration: int) -> dict[str, pl.DataFrame]:
+    from mmscope import __version__
+
     epoch = session.utc_epoch_ns or time.time_ns()
     utc = _dt.datetime.fromtimestamp(epoch / 1e9, _dt.timezone.utc)
-    con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?, ?, ?, NULL, NULL)",
-                (epoch, utc.isoformat(timespec="milliseconds"), utc.astimezone().isoformat(timespec="milliseconds")))
-    con.execute("INSERT INTO ANALYSIS_DETAILS VALUES (?, ?, 0, ?)", (VM_ID << 48, duration, duration))
-    from mmscope import __version__
-    con.executemany("INSERT INTO META_DATA_EXPORT VALUES (?, ?)", [
-        ("EXPORT_SCHEMA_VERSION", SCHEMA_VERSION),
-        ("MMSCOPE_RECORD_VERSION", __version__),
-        ("MMSCOPE_RECORD_CLOCK", "CLOCK_MONOTONIC_RAW" + (" via TSC" if any(p.tsc for p in procs) else "")),
-        ("MMSCOPE_RECORD_SESSION_START_RAW_NS", str(t0_ns)),
-    ])
-    con.executemany("INSERT INTO ENUM_NSYS_EVENT_TYPE (id, name) VALUES (?, ?)", EVENT_TYPES)
-    con.executemany("INSERT INTO ENUM_NSYS_EVENT_CLASS (id, name) VALUES (?, ?)", EVENT_CLASSES)
+    frame = pl.DataFrame
+    return {
+        "StringIds": frame({"id": np.arange(1, len(rows.pool.values) + 1, dtype=np.int64),
+                            "value": pl.Series(rows.pool.values, dtype=pl.String)}),
+        "ThreadNames": frame(rows.thread_rows, schema={"nameId": pl.Int64, "globalTid": pl.Int64},
+                             orient="row"),
+        "PROCESSES": frame([(gpid(p.pid), p.pid, p.comm) for p in procs],
+                           schema={"globalPid": pl.Int64, "pid": pl.Int64, "name": pl.String},
+                           orient="row"),
+        "TARGET_INFO_SESSION_START_TIME": frame({
+            "utcEpochNs": [epoch], "utcTime": [utc.isoformat(timespec="milliseconds")],
+            "localTime": [utc.astimezone().isoformat(timespec="milliseconds")]}),
+        "ANALYSIS_DETAILS": frame({"globalVid": [VM_ID << 48], "duration": [duration],
+                                   "startTime": [0], "stopTime": [duration]}),
+        "META_DATA_EXPORT": _name_value([
+            ("EXPORT_SCHEMA_VERSION", schema.SCHEMA_VERSION),
+            ("EXPORT_PRODUCT_VERSION", f"mmscope record {__version__}"),
+            ("MMSCOPE_RECORD_VERSION", __version__),
+            ("MMSCOPE_RECORD_CLOCK", "CLOCK_MONOTONIC_RAW" + (" via TSC" if any(p.tsc for p in procs) else "")),
+            ("MMSCOPE_RECORD_SESSION_START_RAW_NS", str(t0_ns)),
+        ]),
+        "META_DATA_CAPTURE": _name_value(_capture_rows(session, duration)),
+        "ENUM_NSYS_EVENT_TYPE": frame([(i, n, n) for i, n in schema.EVENT_TYPES],
+                                      schema=["id", "name", "label"], orient="row"),
+        "ENUM_NSYS_EVENT_CLASS": frame(schema.EVENT_CLASSES, schema=["id", "name", "label"], orient="row"),
+    }
+
+
+def _capture_rows(session: Session, duration: int) -> list[tuple[str, str]]:
+    """What was captured and how: NVTX only, no sampling, the command that ran."""
+    rows = [("CAPTURE_EVENT_TYPE", "NvtxEvents"), ("RATE_HZ", "0"),
+            ("COLLECT_THREAD_STATE_TRACE", "false"), ("RUN_DURATION_MS", str(duration // 1_000_000))]
+    if session.command:
+        rows.append(("PROCESS_0:COMMAND", session.command[0]))
+        rows += [(f"PROCESS_0:ARGUMENT_{i}", a) for i, a in enumerate(session.command[1:])]
+    return rows
+
+
+def _name_value(rows: list[tuple[str, str]]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema={"name": pl.String, "value": pl.String}, orient="row")
 
 
 def _thread_rows(procs: list[Process], luts: list[np.ndarray]) -> tuple[list[tuple[int, int]], int]:
@@ -470,44 +422,46 @@ def _build_rows(procs: list[Process], session: Session, t0: int) -> _Rows:
     return _Rows(n, columns, order, pool, thread_rows, threads)
 
 
-def _write_db(path: str, rows: _Rows, procs: list[Process], t0: int, session: Session,
-              duration: int, native: bool) -> None:
-    blob, offsets = rows.pool.blob()
-    if not (native and _write_events_native(path, rows.n, rows.columns, rows.order, blob, offsets)):
-        if os.path.exists(path):
-            os.remove(path)
-    con = sqlite3.connect(path, isolation_level=None)
-    try:
-        for pragma in ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE"):
-            con.execute(f"PRAGMA {pragma}")
-        con.execute("BEGIN")
-        if "NVTX_EVENTS" not in {r[0] for r in con.execute("SELECT name FROM sqlite_master")}:
-            con.execute(NVTX_EVENTS_SQL)
-            if rows.n:
-                _write_events_sqlite(con, rows.columns, rows.order, rows.pool.values)
-        _tables(con, rows.pool, procs, t0, session, duration, rows.thread_rows)
-        con.execute("COMMIT")
-    finally:
-        con.close()
+def _write_db(path: str, tables: dict[str, pl.DataFrame]) -> None:
+    """Creates every table with nsys's own declaration, then appends each frame's rows."""
+    with adbc.connect(path, autocommit=True) as con, con.cursor() as cur:
+        for pragma in PRAGMAS:
+            cur.execute(f"PRAGMA {pragma}")
+        cur.execute("BEGIN")
+        for ddl in schema.ALL_TABLES:
+            cur.execute(ddl)
+        for name, frame in tables.items():
+            if frame.height:
+                cur.adbc_ingest(name, frame, mode="append")
+        cur.execute("COMMIT")
 
 
-def write_export(spool_dir: str, out_path: str, session: Session | None = None,
-                 native: bool = True) -> Summary:
-    """Reads every spool in `spool_dir` and writes `out_path`, replaced only once complete.
-
-    `native=False` writes NVTX_EVENTS with plain INSERTs instead of the C page writer."""
+def write_export(spool_dir: str, out_path: str, session: Session | None = None) -> Summary:
+    """Reads every spool in `spool_dir` and writes `out_path`, replaced only once complete."""
     session = session or Session()
     procs = read_spool_dir(spool_dir)
     t0 = session.start_ns if session.start_ns is not None else min((p.pairs[0][1] for p in procs), default=0)
     rows = _build_rows(procs, session, t0)
     last = int(rows.columns["start"][0].max()) if rows.n else 0
-    duration = session.end_ns - t0 if session.end_ns is not None else last
+    duration = max(0, session.end_ns - t0 if session.end_ns is not None else last)
+    tables = {"NVTX_EVENTS": _nvtx_frame(rows) if rows.n else pl.DataFrame()}
+    rows.columns = {}  # the frame holds its own copy; these arrays are large
+    tables.update(_small_tables(rows, procs, t0, session, duration))
     tmp = out_path + ".tmp"
     try:
-        _write_db(tmp, rows, procs, t0, session, max(0, duration), native)
-        os.replace(tmp, out_path)
-    except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
+        _write_db(tmp, tables)
+        os.replace(tmp, out_path)
+    except adbc.Error as e:
+        _remove(tmp)
+        raise OSError(str(e).splitlines()[0]) from None
+    except BaseException:
+        _remove(tmp)
         raise
     return Summary(events=rows.n, processes=len(procs), threads=rows.threads, path=out_path)
+
+
+def _remove(path: str) -> None:
+    if os.path.exists(path):
+        os.remove(path)
