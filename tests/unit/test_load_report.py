@@ -1,0 +1,170 @@
+"""`mmscope load`'s verdict at its boundaries and every figure its report prints, on levels whose
+numbers are all different, so that a figure swapped for another or a boundary moved by one fails."""
+from __future__ import annotations
+
+import pytest
+
+from mmscope.load import series
+from mmscope.load.client import Timing
+from mmscope.load.plan import LevelPlan, PlannedRequest
+from mmscope.load.report import RunInfo, level_json, print_terminal, run_json
+from mmscope.load.sweep import LevelResult, RequestResult
+from mmscope.load.verdict import EXCESS, EXPLAINED, MATCH, UNEXPLAINED, Observed, judge
+
+
+def scripted(reuse: float, *images_per_request: tuple[int, ...]) -> LevelPlan:
+    requests, seen = [], set()
+    for n, images in enumerate(images_per_request):
+        requests.append(PlannedRequest(n, images, tuple(i in seen for i in images), f"r{n}"))
+        seen.update(images)
+    return LevelPlan(0, reuse, tuple(requests))
+
+
+# Six requests; 2, 4 and 5 repeat images 0, 1, 0: 3 planned hits of 6 images, 3 distinct.
+SIX = scripted(0.5, (0,), (1,), (0,), (2,), (1,), (0,))
+LRU_AT_32 = 1  # two 16-embed slots: 0,1 | 0 hits | 2 evicts 1 | 1 misses, evicts 0 | 0 misses
+
+
+def verdict(hits: int, evictions: int, queries: int = 6):
+    return judge(SIX, Observed(queries, hits, evictions, 32, 16))
+
+
+CAPACITY = "capacity 32 embeds; an LRU of that size allows 1 hits"
+
+
+@pytest.mark.parametrize("hits,evictions,status,text", [
+    (3, 0, MATCH, "hits match the plan (3 of 3)"),
+    (4, 0, EXCESS, "1 hits more than planned: other traffic on the server, or images still "
+                   "cached from an earlier run with the same --seed"),
+    # shortfall == evictions: the last shortfall capacity explains
+    (1, 2, EXPLAINED, f"1 of 3 planned hits; shortfall explained by capacity (2 evictions, "
+                      f"{CAPACITY})"),
+    (2, 1, EXPLAINED, f"2 of 3 planned hits; shortfall explained by capacity (1 evictions, "
+                      f"{CAPACITY})"),
+    # shortfall == evictions + 1: the first it does not
+    (1, 1, UNEXPLAINED, f"1 of 3 planned hits; 1 hits missing that capacity does not explain "
+                        f"(1 evictions, {CAPACITY})"),
+    (0, 1, UNEXPLAINED, f"0 of 3 planned hits; 2 hits missing that capacity does not explain "
+                        f"(1 evictions, {CAPACITY})"),
+    (2, 0, UNEXPLAINED, f"2 of 3 planned hits; 1 hits missing that capacity does not explain "
+                        f"(0 evictions, {CAPACITY})"),
+])
+def test_verdict_at_its_boundaries(hits, evictions, status, text):
+    v = verdict(hits, evictions)
+    assert (v.status, v.text) == (status, text)
+    assert v.ok is (status != UNEXPLAINED)
+
+
+@pytest.mark.parametrize("queries,note", [
+    (6, ""),
+    (7, "; 7 queries for 6 images (requests preempted and resumed, or other traffic)"),
+    (5, "; 5 queries for 6 images (lookups skipped: a prefix-cache hit may cover images)"),
+])
+def test_queries_note_at_its_boundaries(queries, note):
+    assert verdict(3, 0, queries).text == "hits match the plan (3 of 3)" + note
+
+
+def test_verdict_without_capacity_figures():
+    v = judge(SIX, Observed(6, 1, 2, None, 16))
+    assert v.text == ("1 of 3 planned hits; shortfall explained by capacity (2 evictions, "
+                      "capacity unknown)")
+
+
+# --- every figure of the report -----------------------------------------------------------------
+def timed(plan: LevelPlan) -> list[RequestResult]:
+    """Request i: first token after (i + 1) * 10 ms, done after 100 + 10 i ms."""
+    return [RequestResult(r, Timing(0.01 * (1 + r.index), 0.1 + 0.01 * r.index, 20, 2))
+            for r in plan.requests]
+
+
+def busy_level() -> LevelResult:
+    delta = {series.QUERIES: 7, series.HITS: 2, series.MISSES: 5, series.DEFERRALS: 3,
+             series.EVICTIONS: 1, series.by_source("local"): 1, series.by_source("in_step"): 0,
+             series.by_source("connector"): 1, series.cache_queries("mm_cache"): 9,
+             series.cache_hits("mm_cache"): 4, series.cache_queries("prefix_cache"): 320,
+             series.cache_hits("prefix_cache"): 64}
+    return LevelResult(SIX, timed(SIX), 1.5, delta, 32, 16)
+
+
+def quiet_level() -> LevelResult:
+    """Nothing repeats, the server said no capacity, and the wall time is 2 s."""
+    plan = LevelPlan(1, 0.0, scripted(0.0, (5,), (6,)).requests)
+    return LevelResult(plan, timed(plan), 2.0, {series.QUERIES: 2, series.MISSES: 2}, None, 16)
+
+
+BUSY_JSON = {
+    "reuse": 0.5, "requests": 6, "images": 6, "distinct_images": 3, "planned_hits": 3,
+    "planned_hit_rate": 0.5, "observed_queries": 7, "observed_hits": 2, "observed_misses": 5,
+    "observed_hit_rate": 0.2857,
+    "hits_by_source": {"local": 1, "in_step": 0, "connector": 1},
+    "deferrals": 3, "evictions": 1, "capacity_embeds": 32, "embeds_per_image": 16,
+    "capacity_allows_hits": LRU_AT_32,
+    "mm_cache": {"queries": 9, "hits": 4}, "prefix_cache": {"queries": 320, "hits": 64},
+    "repeat_requests": 3,
+    # repeats: requests 2, 4, 5 (30, 50, 60 ms); new: 0, 1, 3 (10, 20, 40 ms)
+    "ttft_ms": {"repeat_p50": 50.0, "repeat_p90": 58.0, "new_p50": 20.0, "new_p90": 36.0},
+    "e2e_ms": {"p50": 125.0, "p90": 145.0},
+    "wall_s": 1.5, "throughput_rps": 4.0,
+    "verdict": {"status": EXPLAINED, "text": (
+        f"2 of 3 planned hits; shortfall explained by capacity (1 evictions, {CAPACITY}); 7 "
+        "queries for 6 images (requests preempted and resumed, or other traffic)")},
+}
+
+
+def test_level_json_holds_every_figure():
+    assert level_json(busy_level()) == BUSY_JSON
+    quiet = level_json(quiet_level())
+    assert quiet["ttft_ms"] == {"repeat_p50": None, "repeat_p90": None, "new_p50": 15.0,
+                                "new_p90": 19.0}
+    assert (quiet["capacity_allows_hits"], quiet["throughput_rps"], quiet["planned_hit_rate"]) \
+        == (None, 1.0, 0.0)
+
+
+def test_run_json_holds_the_run_and_every_level():
+    info = RunInfo("http://x:1", "m", 5, 6, 1, 2, (32, 24), 16)
+    out = run_json(info, [busy_level(), quiet_level()])
+    levels = out.pop("levels")
+    assert out == {"url": "http://x:1", "model": "m", "seed": 5, "requests_per_level": 6,
+                   "images_per_request": 1, "concurrency": 2, "image_size": [32, 24],
+                   "embeds_per_image": 16, "ok": True}
+    assert levels[0] == BUSY_JSON and len(levels) == 2
+
+
+def printed(info: RunInfo, levels: list[LevelResult]) -> list[str]:
+    from rich.console import Console
+
+    console = Console(record=True, width=250)
+    print_terminal(info, levels, console)
+    return console.export_text().splitlines()
+
+
+def table_rows(lines: list[str]) -> list[list[str]]:
+    return [[c.strip() for c in ln.split("│")[1:-1]] for ln in lines if ln.startswith("│")]
+
+
+def test_terminal_report_prints_every_figure():
+    info = RunInfo("http://x:1", "m", 5, 6, 1, 2, (32, 24), 16)
+    lines = printed(info, [busy_level(), quiet_level()])
+    assert lines[:3] == ["mmscope load: http://x:1, model m, seed 5",
+                         "per level: 6 requests of 1 image, concurrency 2; 32x24 images "
+                         "(16 embeds each); encoder cache 32 embeds",
+                         "encoder cache per reuse level"]
+    assert table_rows(lines) == [
+        # reuse, requests, images, planned hits, queries, hits, hit rate (plan), TTFT, req/s
+        ["0.5", "6", "6", "3", "7", "2", "29% (50%)", "50.0 / 58.0", "20.0 / 36.0", "4.00"],
+        ["0", "2", "2", "0", "2", "0", "0% (0%)", "- / -", "15.0 / 19.0", "1.00"],
+        # reuse, local, in_step, connector, deferrals, evictions, capacity allows, mm, prefix
+        ["0.5", "1", "0", "1", "3", "1", "1", "4 / 9", "64 / 320"],
+        ["0", "0", "0", "0", "0", "0", "-", "0 / 0", "0 / 0"],
+    ]
+    assert "hits by source, capacity, and vLLM's other caches" in lines
+    assert lines[-2:] == [f"reuse 0.5: {BUSY_JSON['verdict']['text']}",
+                          "reuse 0: hits match the plan (0 of 0)"]
+
+
+def test_header_when_the_server_did_not_say():
+    info = RunInfo("http://x:1", "m", 5, 1, 3, 1, (8, 8), None)
+    level = quiet_level()
+    level.embeds_per_image = None
+    assert printed(info, [level])[1] == ("per level: 1 request of 3 images, concurrency 1; 8x8 "
+                                         "images (unknown embeds each); encoder cache unknown")
