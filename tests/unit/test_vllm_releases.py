@@ -83,20 +83,20 @@ def test_targets_are_found_through_bases_decorators_and_imports(installed):
         Target("imported", f"{SCHED}:record_function_or_nullcontext", ("name",)),
     ]}
     assert {n: v.ok for n, v in found.items()} == dict.fromkeys(found, True), found
-    gpu = rc.check_hook(installed, Target("gpu", runner.replace(
-        "cpu_model_runner:CPUModelRunner", "gpu_model_runner:GPUModelRunner") + ".execute_model",
-        ("self",)))
+    gpu = rc.check_hook(installed, Target(
+        "gpu", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model", ("self",)))
     assert found["inherited"].line == gpu.line
 
 
 def test_the_source_check_agrees_with_the_imported_vllm(installed):
     """The ast reading and the import-time check of every hook say the same, a wrong one too."""
-    wrong = copy.copy(rc.hooks()[0])
-    wrong.path = wrong.path.replace("check_and_update_cache", "check_and_update_caches")
-    for hook in rc.hooks() + [wrong]:
+    moved, renamed = copy.copy(rc.hooks()[0]), copy.copy(rc.hooks()[0])
+    moved.path += "_moved"
+    renamed.params = (*renamed.params, "no_such_parameter")
+    for hook in rc.hooks() + [moved, renamed]:
         imported_ok, detail = hook.check()
         assert rc.check_hook(installed, hook).ok == imported_ok, (hook.name, detail)
-    assert not rc.check_hook(installed, wrong).ok
+    assert not rc.check_hook(installed, moved).ok and not rc.check_hook(installed, renamed).ok
 
 
 def test_doctor_says_which_releases_are_tested_and_which_checked(wheel_033, capsys):

@@ -398,7 +398,8 @@ def releases_report() -> list[dict]:
         row = {"version": version, "how": "checked against its sources"}
         wheel = cached_wheel(version)
         if wheel is None:
-            row.update(status="not checked", detail=f"wheel not in the cache: {fetch_hint(version)}")
+            row.update(status="not checked",
+                       detail=f"wheel not in the cache: {fetch_hint(version)}")
         else:
             result = check_release(Sources.from_wheel(wheel))
             row.update(status="ok" if result.ok else "failed", detail=result.summary(),
