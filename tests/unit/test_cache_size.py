@@ -197,8 +197,9 @@ def event_streams(draw):
     return sizes, events
 
 
-@settings(max_examples=300, deadline=None)
-@given(event_streams(), st.sampled_from(model.RELEASES))
+@pytest.mark.parametrize("release", model.RELEASES)
+@settings(max_examples=300, deadline=None)  # 300 random logs per policy
+@given(stream=event_streams())
 def test_one_pass_equals_per_capacity_simulation(stream, release):
     sizes, events = stream
     d = model.distances(events, release)
@@ -251,6 +252,61 @@ def test_table_output_and_explicit_capacities(tmp_path, capsys):
     assert rows[1][-5:] == ["57.1%", "4", "every", "repeat", "hits"]
     assert "12.0 KiB" in out  # 48 x 64 x 4 bytes
     assert "80% hits: unreachable" in out and "57.1%" in out
+
+
+TWO_ENGINES = [*(f"@X {ev}" for ev in one_by_one(*"abaccba")),
+               "@Y q0 d:8", "@Y -q0", "@Y q1 d:8 hit", "@Y -q1"]
+# X: repeats 16, 32, 48, 48 embeds back; Y: its d 8 back, logged as a hit. 9 accesses, 5 repeats.
+
+
+def test_json_report_holds_every_figure(tmp_path, capsys):
+    path = write_log(tmp_path / "x.log", *TWO_ENGINES, capacity=32)
+    rc, out, _ = run_main(capsys, path, "--json", "--target-hit-rate", "0.5", "--hidden-size",
+                          "64", "--dtype", "float32")
+    assert rc == 0
+    kib = 256  # bytes per embedding: 64 x float32
+    assert json.loads(out) == {
+        "log": path, "release": "access", "queries": 9, "repeats": 5, "largest_item_tokens": 16,
+        "curve": [{"capacity_tokens": n, "capacity_bytes": n * kib, "hits": h, "hit_rate": h / 9}
+                  for n, h in ((16, 2), (32, 3), (48, 5))],
+        "target_hit_rate": 0.5, "recommended_tokens": 48, "recommended_bytes": 48 * kib,
+        "max_hit_rate": 5 / 9, "saturation_tokens": 48, "saturation_bytes": 48 * kib,
+        "recorded_capacity_tokens": 32, "recorded_capacity_bytes": 32 * kib,
+        "recorded_hit_rate": 1 / 9, "model_hit_rate_at_recorded": 3 / 9,
+        "bytes_per_token": kib, "hidden_size": 64, "dtype": "float32",
+        "engines": [{"engine": "X", "capacity_tokens": 32, "queries": 7, "hits": 0},
+                    {"engine": "Y", "capacity_tokens": 32, "queries": 2, "hits": 1}]}
+
+
+def words(text: str) -> list[str]:
+    return [" ".join(line.split()) for line in text.splitlines()]
+
+
+@pytest.mark.parametrize("release,released_at", [("access", "each access"),
+                                                 ("end", "request end")])
+def test_table_prints_every_figure(tmp_path, capsys, release, released_at):
+    path = write_log(tmp_path / "x.log", *TWO_ENGINES, capacity=32)
+    rc, out, _ = run_main(capsys, path, "--target-hit-rate", "0.5", "--hidden-size", "64",
+                          "--dtype", "float32", "--release", release)
+    assert rc == 0
+    assert words(out) == [
+        f"{path}: 9 encoder-cache accesses, 5 repeats, largest item 16 embeds, 2 engines "
+        "replayed separately (hits summed)",
+        "recorded at 32 embeds: 11.1% hits in the log, 33.3% by the model",
+        "model: vLLM 0.32 eviction (unreferenced entries, oldest freed first), references "
+        f"released at {released_at}",
+        "capacity (embeds) bytes (64 x float32) hit rate hits",
+        "16 4.0 KiB 22.2% 2",
+        "32 8.0 KiB 33.3% 3 recorded",
+        "48 12.0 KiB 55.6% 5 every repeat hits",
+        "50% hits: 48 embeds (12.0 KiB) or more"]
+
+
+def test_unreachable_target_names_the_repeats_and_the_saturation_size(tmp_path, capsys):
+    path = write_log(tmp_path / "x.log", *TWO_ENGINES, capacity=32)
+    rc, out, _ = run_main(capsys, path, "--hidden-size", "64", "--dtype", "float32")
+    assert words(out)[-1] == ("80% hits: unreachable on this traffic, only 55.6% of accesses are "
+                              "repeats (reached from 48 embeds (12.0 KiB))")
 
 
 def test_unreachable_target_in_json_is_null(tmp_path, capsys):
