@@ -4,6 +4,9 @@
    NVTX_INJECTION64_PATH, interleaved round by round; the target is recorded <= 1.5x bare.
 2. The same through the C NVTX headers (nvtxRangePushA, nvtxDomainRangePushEx), recorded.
 3. Time to turn a 10-million-range recording into the SQLite export; the target is <= 10 s.
+   Wall and CPU time of each step, and beside them SQLite's own cost for rows of that shape
+   (one INSERT ... SELECT inside SQLite, no binding), the floor of any road through a SQLite
+   library.
 
 usage: python bench/record_overhead.py [--rounds 7] [--pairs 200000] [--ranges 10000000]
 """
@@ -41,11 +44,32 @@ print(best)
 
 WRITE = r"""
 import json, resource, sys, time
-t = time.perf_counter()
 from mmscope.record.writer import write_export
+t, c = time.perf_counter(), time.process_time()
 s = write_export(sys.argv[1], sys.argv[2])
-print(json.dumps({"seconds": time.perf_counter() - t, "events": s.events,
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c,
+                  "events": s.events, "phases": s.phases,
                   "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+# Rows shaped like the recording's: half plain messages in `text`, half registered in `textId`.
+SQLITE_FLOOR = r"""
+import json, sqlite3, sys, time
+from mmscope.record import schema
+n, path = int(sys.argv[1]), sys.argv[2]
+con = sqlite3.connect(path, isolation_level=None)
+for pragma in ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE", "cache_size=-262144"):
+    con.execute("PRAGMA " + pragma)
+con.execute(schema.NVTX_EVENTS)
+t, c = time.perf_counter(), time.process_time()
+con.execute("BEGIN")
+con.execute("WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s WHERE x < ?) "
+            "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, textId, domainId, eventId) "
+            "SELECT x * 100, x * 100 + 50, 59, CASE WHEN x % 2 THEN 'ascii range' END, 281560221750233, "
+            "CASE WHEN x % 2 = 0 THEN 3 END, 0, x FROM s", (n,))
+con.execute("COMMIT")
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c,
+                  "sqlite": sqlite3.sqlite_version}))
 """
 
 
@@ -107,6 +131,11 @@ def write_speed(exe: str, ranges: int, tmp: str) -> dict:
     res = json.loads(subprocess.run([sys.executable, "-c", WRITE, spool, out], check=True,
                                     capture_output=True, text=True).stdout)
     res.update(record_seconds=record_s, spool_mib=spool_mib, sqlite_mib=os.path.getsize(out) / 2**20)
+    shutil.rmtree(spool)
+    os.remove(out)
+    floor = os.path.join(tmp, "floor.sqlite")
+    res["floor"] = json.loads(subprocess.run([sys.executable, "-c", SQLITE_FLOOR, str(res["events"]), floor],
+                                             check=True, capture_output=True, text=True).stdout)
     return res
 
 
@@ -143,7 +172,13 @@ def main() -> int:
         w = write_speed(exe, args.ranges, tmp)
     print("\n| recording -> SQLite | figure | target |\n|---|---|---|")
     print(f"| ranges written | {w['events']:,} | |")
-    print(f"| write time (read spool, build rows, write SQLite) | {w['seconds']:.2f} s | <= 10 s |")
+    print(f"| write time (read spool, build rows, write SQLite) | {w['seconds']:.2f} s wall, "
+          f"{w['cpu_seconds']:.2f} s CPU | <= 10 s |")
+    for name, (wall, cpu) in w["phases"].items():
+        print(f"| - {name} | {wall:.2f} s wall, {cpu:.2f} s CPU | |")
+    f = w["floor"]
+    print(f"| SQLite {f['sqlite']} alone, same number of rows (INSERT ... SELECT, stdlib sqlite3) "
+          f"| {f['seconds']:.2f} s wall, {f['cpu_seconds']:.2f} s CPU | floor |")
     print(f"| writer peak memory | {w['max_rss_mib']:.0f} MiB | |")
     print(f"| spool / SQLite size | {w['spool_mib']:.0f} MiB / {w['sqlite_mib']:.0f} MiB | |")
     print(f"| recording them (C, one thread) | {w['record_seconds']:.2f} s | |")

@@ -47,6 +47,20 @@ class Summary:
     processes: int
     threads: int
     path: str
+    phases: dict[str, tuple[float, float]] = field(default_factory=dict)  # name: (wall s, CPU s)
+
+
+class _Phases:
+    """Wall and CPU time of each step of writing, for the benchmark's account of where time goes."""
+
+    def __init__(self):
+        self.times: dict[str, tuple[float, float]] = {}
+        self._last = (time.perf_counter(), time.process_time())
+
+    def done(self, name: str) -> None:
+        now = (time.perf_counter(), time.process_time())
+        self.times[name] = (now[0] - self._last[0], now[1] - self._last[1])
+        self._last = now
 
 
 def gpid(pid: int) -> int:
@@ -438,28 +452,33 @@ def _write_db(path: str, tables: dict[str, pl.DataFrame]) -> None:
 
 def write_export(spool_dir: str, out_path: str, session: Session | None = None) -> Summary:
     """Reads every spool in `spool_dir` and writes `out_path`, replaced only once complete."""
-    session = session or Session()
+    session, phases = session or Session(), _Phases()
     procs = read_spool_dir(spool_dir)
+    phases.done("read spool files")
     t0 = session.start_ns if session.start_ns is not None else min((p.pairs[0][1] for p in procs), default=0)
     rows = _build_rows(procs, session, t0)
     last = int(rows.columns["start"][0].max()) if rows.n else 0
     duration = max(0, session.end_ns - t0 if session.end_ns is not None else last)
+    phases.done("build rows (numpy)")
     tables = {"NVTX_EVENTS": _nvtx_frame(rows) if rows.n else pl.DataFrame()}
     rows.columns = {}  # the frame holds its own copy; these arrays are large
     tables.update(_small_tables(rows, procs, t0, session, duration))
+    phases.done("sorted frames (polars)")
     tmp = out_path + ".tmp"
     try:
         if os.path.exists(tmp):
             os.remove(tmp)
         _write_db(tmp, tables)
         os.replace(tmp, out_path)
+        phases.done("SQLite inserts (ADBC)")
     except adbc.Error as e:
         _remove(tmp)
         raise OSError(str(e).splitlines()[0]) from None
     except BaseException:
         _remove(tmp)
         raise
-    return Summary(events=rows.n, processes=len(procs), threads=rows.threads, path=out_path)
+    return Summary(events=rows.n, processes=len(procs), threads=rows.threads, path=out_path,
+                   phases=phases.times)
 
 
 def _remove(path: str) -> None:
