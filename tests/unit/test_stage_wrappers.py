@@ -1,233 +1,266 @@
-"""The stage wrappers' two roads: timed in C while tracing is off, in Python (spans and timing)
-while it is on. Both must record the same stages, keep vLLM's results and exceptions, and trace."""
+"""The stage wrappers on vLLM's own classes: each records one duration per call under its range
+name, is a traced range while tracing, and keeps vLLM's results, errors and own timing figures."""
 from __future__ import annotations
 
 import contextlib
-import inspect
-import sys
-from unittest.mock import ANY
+import time
 
 import pytest
+import wrapt
 
 from mmscope import stages
 from mmscope.emit import tracing
-from mmscope.emit.stage_timer import FRONTEND, WORKER
-from mmscope.vllm import patching, ranges
+from mmscope.emit.stage_timer import FRONTEND, MAX_PER_STAGE, WORKER
+from mmscope.vllm import targets, worker
+from mmscope.vllm.patching import APPLIED, Hook
 from tests.kit import traces as tk
 
 
 @pytest.fixture(autouse=True)
-def wrappers(wrapper_road):
+def clean_collectors():
     WORKER.drain(), FRONTEND.drain()
-    yield wrapper_road
+    yield
     WORKER.drain(), FRONTEND.drain()
     tracing.configure("off")
 
 
-class Runner:
-    def gather(self, x, scale=1):
-        if x < 0:
-            raise ValueError("vLLM's own error")
-        return x * scale
+@contextlib.contextmanager
+def applied(name: str):
+    """One row of the real target table, applied to vLLM's class for the block."""
+    hook = next(h for h in targets.range_hooks() if h.name == name)
+    assert hook.apply() == APPLIED, hook.describe()
+    try:
+        yield hook
+    finally:
+        hook.revert()
 
 
-class Timing:  # vLLM's TimingContext: record(stage) is a generator context manager
-    def __init__(self):
-        self.seen = []
-
-    @contextlib.contextmanager
-    def record(self, stage):
-        self.seen.append(stage)
-        yield "block"
+def counts(collector) -> dict[str, int]:
+    return {k: len(v) for k, v in collector.drain().items()}
 
 
-def test_a_timed_method_records_once_per_call_and_keeps_results_and_errors(wrappers):
-    state = patching.HookState("test.timed")
-    timed = ranges.timed_method(Runner.gather, stages.GATHER_MM_EMBEDDINGS, state)
-    assert (type(timed).__name__ == "Wrapper") == (wrappers == "c")
-    assert timed(Runner(), 3, scale=2) == 6
+def traced_names(trace_dir) -> list[str]:
+    tracing.flush()
+    return [r.name for r in tk.load(trace_dir)[0]]
+
+
+# --- processor stages: vLLM's TimingContext.record -------------------------------------------
+STAGES = ("get_mm_hashes", "apply_hf_processor", "apply_hf_processor")
+
+
+def run_stages(timing):
+    for stage in STAGES:
+        with timing.record(stage) as block:
+            assert block is None  # what vLLM's record() yields, on or off
+            time.sleep(0.002)
     with pytest.raises(ValueError, match="vLLM's own error"):
-        timed(Runner(), -1)
-    durations = WORKER.drain()[stages.GATHER_MM_EMBEDDINGS]
-    assert len(durations) == 2 and all(d > 0 for d in durations)  # the failed call too
-    assert state.enabled
-
-
-def test_a_timed_method_is_a_traced_range_while_tracing(tmp_path):
-    timed = ranges.timed_method(Runner.gather, stages.GATHER_MM_EMBEDDINGS)
-    tracing.configure("chrome", str(tmp_path))
-    assert timed(Runner(), 2) == 2
-    tracing.flush()
-    names = [r.name for r in tk.load(tmp_path)[0]]
-    assert names == [stages.GATHER_MM_EMBEDDINGS]
-    assert len(WORKER.drain()[stages.GATHER_MM_EMBEDDINGS]) == 1
-
-
-def test_processor_stages_are_timed_under_their_range_names(wrappers, tmp_path):
-    state = patching.HookState("test.processor")
-    record = ranges.processor_stage_ranged(Timing.record, state)
-    timing = Timing()
-    for _ in range(2):  # the first call names the stage (Python), the next are timed in C
-        with record(timing, "hf_processor") as block:
-            assert block == "block"
-    with pytest.raises(KeyError):
-        with record(timing, "prompt_update"):
-            raise KeyError("inside vLLM's block")
-    assert timing.seen == ["hf_processor", "hf_processor", "prompt_update"]
-    durations = FRONTEND.drain()
-    assert {k: len(v) for k, v in durations.items()} == {
-        stages.processor_range("hf_processor"): 2, stages.processor_range("prompt_update"): 1}
-    assert state.enabled
-    tracing.configure("chrome", str(tmp_path))  # traced: spans as well as durations
-    with record(timing, "hf_processor"):
-        pass
-    tracing.flush()
-    assert [r.name for r in tk.load(tmp_path)[0]] == [stages.processor_range("hf_processor")]
-    assert len(FRONTEND.drain()[stages.processor_range("hf_processor")]) == 1
-
-
-class QuietTiming(Timing):  # vLLM's TimingContext with its own timing off
-    enabled = False
-
-
-def test_with_vllm_timing_off_the_stage_timer_stands_in_for_its_no_op_block(wrappers):
-    state = patching.HookState("test.processor")
-    record = ranges.processor_stage_ranged(Timing.record, state)
-    timing = QuietTiming()
-    for _ in range(2):  # the Python road names the stage, then C
-        with record(timing, "hf_processor") as block:
-            assert block is None  # what vLLM's disabled record() yields
-    with pytest.raises(KeyError, match="inside vLLM's block"):
-        with record(timing, "hf_processor"):
-            raise KeyError("inside vLLM's block")
-    assert timing.seen == []  # vLLM's no-op context manager was never built
-    assert len(FRONTEND.drain()[stages.processor_range("hf_processor")]) == 3
-    assert state.enabled
+        with timing.record("apply_prompt_updates"):
+            raise ValueError("vLLM's own error")
 
 
 @pytest.mark.parametrize("vllm_timing", [True, False])
-def test_vllm_timing_context_keeps_its_own_figures_under_the_stage_timer(wrappers, vllm_timing):
+def test_vllm_timing_context_keeps_its_own_figures_under_the_stage_timer(vllm_timing):
     from vllm.multimodal.processing.context import TimingContext
 
-    # vLLM's own record(), even where an engine of an earlier test left the class instrumented
-    original = TimingContext.record
-    while getattr(original, "__mmscope_hook__", None):
-        original = original.__wrapped__
-    record = ranges.processor_stage_ranged(original, patching.HookState("test.t"))
-    timing = TimingContext(enabled=vllm_timing)
-    if not vllm_timing:  # the premise of the stand-in: vLLM's record() then does nothing
-        with original(timing, "get_mm_hashes") as block:
-            assert block is None
+    with applied("ranges.processor_stages"):
+        timing = TimingContext(enabled=vllm_timing)
+        run_stages(timing)
+    if vllm_timing:  # vLLM's own figures, as without mmscope: the failed block counted too
+        assert sorted(timing.stage_secs) == ["apply_hf_processor", "apply_prompt_updates",
+                                             "get_mm_hashes"]
+        assert timing.stage_secs["apply_hf_processor"] >= 0.004
+        assert timing.stage_secs["get_mm_hashes"] >= 0.002
+    else:  # vLLM's timing off: its record() only yields, and still records nothing
         assert timing.stage_secs == {}
-    for stage in ("get_mm_hashes", "apply_hf_processor", "apply_hf_processor"):
-        with record(timing, stage):
-            sum(range(1000))
-    with pytest.raises(ValueError):
-        with record(timing, "apply_prompt_updates"):
-            raise ValueError("vLLM's own error")
-    stage_names = ["get_mm_hashes", "apply_hf_processor", "apply_prompt_updates"]
-    if vllm_timing:  # vLLM's own figures, as without mmscope (the failed block counted too)
-        assert sorted(timing.stage_secs) == sorted(stage_names)
-        assert all(s > 0 for s in timing.stage_secs.values())
-    else:
-        assert timing.stage_secs == {}
-    durations = FRONTEND.drain()
-    assert {k: len(v) for k, v in durations.items()} == {
-        stages.processor_range("get_mm_hashes"): 1, stages.processor_range("apply_hf_processor"): 2,
-        stages.processor_range("apply_prompt_updates"): 1}
+    assert counts(FRONTEND) == {stages.processor_range("get_mm_hashes"): 1,
+                                stages.processor_range("apply_hf_processor"): 2,
+                                stages.processor_range("apply_prompt_updates"): 1}
 
 
-class ModelRunner:  # vLLM's GPUModelRunner.timed_encoder_operation: a context manager
-    @contextlib.contextmanager
-    def timed_encoder_operation(self, should_time, group_lora_refs, current_item_idx, num_items):
-        yield
+def test_with_vllm_timing_on_its_figures_match_a_run_without_mmscope():
+    from vllm.multimodal.processing.context import TimingContext
+
+    plain = TimingContext(enabled=True)
+    run_stages(plain)
+    with applied("ranges.processor_stages"):
+        hooked = TimingContext(enabled=True)
+        run_stages(hooked)
+    assert sorted(plain.stage_secs) == sorted(hooked.stage_secs)
+    assert plain.get_stats_dict().keys() == hooked.get_stats_dict().keys()
 
 
-def test_the_encoder_forward_is_one_vit_forward_range_per_encoder_batch(wrappers, tmp_path):
-    state = patching.HookState("test.vit")
-    forward = ranges.encoder_forward_ranged(ModelRunner.timed_encoder_operation, state)
-    assert (type(forward).__name__ == "Wrapper") == (wrappers == "c")
-    for should_time in (False, True):
-        with forward(ModelRunner(), should_time, None, 0, 1):
-            pass
-    with pytest.raises(RuntimeError, match="encoder failed"):
-        with forward(ModelRunner(), False, None, 1, 1):
-            raise RuntimeError("encoder failed")  # vLLM's own error inside the block
-    assert len(WORKER.drain()[stages.VIT_FORWARD]) == 3 and state.enabled
+def test_processor_stages_are_traced_ranges(tmp_path):
+    from vllm.multimodal.processing.context import TimingContext
+
     tracing.configure("chrome", str(tmp_path))
-    with forward(ModelRunner(), False, None, 0, 1):
-        pass
-    tracing.flush()
-    assert [r.name for r in tk.load(tmp_path)[0]] == [stages.VIT_FORWARD]
+    with applied("ranges.processor_stages"):
+        for enabled in (True, False):
+            with TimingContext(enabled=enabled).record("apply_hf_processor"):
+                pass
+    assert traced_names(tmp_path) == [stages.processor_range("apply_hf_processor")] * 2
+    assert counts(FRONTEND) == {stages.processor_range("apply_hf_processor"): 2}
+
+
+# --- MultiModalHasher.hash_kwargs -------------------------------------------------------------
+def hash_calls():
+    import numpy as np
+    import torch
+    from PIL import Image
+    from vllm.multimodal.media import MediaWithBytes
+
+    picture = Image.new("RGB", (8, 8), "red")
+    return [({"image": picture}, "pil_image"),
+            ({"image": MediaWithBytes(picture, b"png")}, "image_bytes"),
+            ({"video": MediaWithBytes(np.zeros((2, 4, 4, 3), np.uint8), b"mp4")}, "video"),
+            ({"image": b"raw", "model_id": "m"}, "bytes"),
+            ({"text": "a prompt"}, "str"),
+            ({"n": 3}, "number"),
+            ({"t": torch.arange(6)}, "tensor"),
+            ({"a": np.arange(6)}, "ndarray"),
+            ({"other": ("a", 1)}, "pickle"),
+            ({"image": picture, "video": b"raw"}, "mixed")]
+
+
+@pytest.mark.parametrize("tracing_on", [False, True])
+def test_hash_ranges_name_each_branch_on_vllms_hasher(tmp_path, tracing_on):
+    from vllm.multimodal.hasher import MultiModalHasher
+
+    calls = hash_calls()
+    expected = [MultiModalHasher.hash_kwargs("sha256", **kw) for kw, _ in calls]
+    if tracing_on:
+        tracing.configure("chrome", str(tmp_path))
+    with applied("ranges.hash"):
+        assert [MultiModalHasher.hash_kwargs("sha256", **kw) for kw, _ in calls] == expected
+    assert isinstance(MultiModalHasher.__dict__["hash_kwargs"], classmethod)
+    names = [stages.hash_range(branch) for _, branch in calls]
+    assert counts(FRONTEND) == {n: names.count(n) for n in names}
+    if tracing_on:
+        assert sorted(traced_names(tmp_path)) == sorted(names)
+
+
+# --- the encoder forward: GPUModelRunner.timed_encoder_operation -----------------------------
+def bare_runner():
+    """A GPUModelRunner without its engine: timed_encoder_operation(should_time=False) reads
+    nothing of it (should_time=True synchronizes a device, which a CPU has not)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return object.__new__(GPUModelRunner)
+
+
+def test_the_encoder_forward_is_one_vit_forward_range_per_encoder_batch(tmp_path):
+    runner = bare_runner()
+    with applied("ranges.vit_forward"):
+        for item in range(3):  # three encoder batches
+            with runner.timed_encoder_operation(False, [], item, 1) as block:
+                assert block is None
+        with pytest.raises(RuntimeError, match="encoder failed"):
+            with runner.timed_encoder_operation(False, [], 3, 1):
+                raise RuntimeError("encoder failed")  # vLLM's own error inside the block
+        assert counts(WORKER) == {stages.VIT_FORWARD: 4}
+        tracing.configure("chrome", str(tmp_path))
+        with runner.timed_encoder_operation(False, [], 0, 2):
+            time.sleep(0.001)
+    assert traced_names(tmp_path) == [stages.VIT_FORWARD]
+    assert counts(WORKER) == {stages.VIT_FORWARD: 1}
+
+
+# --- timed methods -----------------------------------------------------------------------------
+class Runner:
+    def _gather_mm_embeddings(self, scheduler_output, scale=1):
+        if scheduler_output < 0:
+            raise ValueError("vLLM's own error")
+        return scheduler_output * scale
+
+
+def timed_hook() -> Hook:
+    return Hook("test.gather", f"{__name__}:Runner._gather_mm_embeddings",
+                ("self", "scheduler_output"), worker.gather_mm_embeddings, "ranges", "worker")
+
+
+@pytest.mark.parametrize("tracing_on", [False, True])
+def test_a_timed_method_records_once_per_call_and_keeps_results_and_errors(tmp_path, tracing_on):
+    if tracing_on:
+        tracing.configure("chrome", str(tmp_path))
+    hook = timed_hook()
+    hook.apply()
+    try:
+        assert Runner()._gather_mm_embeddings(3, scale=2) == 6
+        with pytest.raises(ValueError, match="vLLM's own error"):
+            Runner()._gather_mm_embeddings(-1)
+    finally:
+        hook.revert()
+    durations = WORKER.drain()[stages.GATHER_MM_EMBEDDINGS]
+    assert len(durations) == 2 and all(d > 0 for d in durations)  # the failed call too
+    if tracing_on:
+        assert traced_names(tmp_path) == [stages.GATHER_MM_EMBEDDINGS] * 2
+
+
+def test_the_table_times_vllms_gather_and_prepare_methods():
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    for name, attr in (("ranges.gather_mm_embeddings", "_gather_mm_embeddings"),
+                       ("ranges.prepare_mm_inputs", "_prepare_mm_inputs")):
+        original = GPUModelRunner.__dict__[attr]
+        with applied(name):
+            assert GPUModelRunner.__dict__[attr].__wrapped__ is original
+        assert GPUModelRunner.__dict__[attr] is original
 
 
 def test_a_full_stage_counts_drops_instead_of_growing():
-    from mmscope.emit.stage_timer import MAX_PER_STAGE
-
-    timed = ranges.timed_method(Runner.gather, stages.GATHER_MM_EMBEDDINGS)
-    WORKER.durations[stages.GATHER_MM_EMBEDDINGS] = [1] * MAX_PER_STAGE
-    dropped = WORKER.dropped
-    assert timed(Runner(), 1) == 1
-    assert len(WORKER.durations[stages.GATHER_MM_EMBEDDINGS]) == MAX_PER_STAGE
-    assert WORKER.dropped == dropped + 1
-
-
-def test_a_failing_record_turns_the_stage_hook_off_and_vllm_goes_on():
-    WORKER.durations[stages.GATHER_MM_EMBEDDINGS] = "not a list"  # our bug, not vLLM's
-    state = patching.HookState("test.broken")
-    timed = ranges.timed_method(Runner.gather, stages.GATHER_MM_EMBEDDINGS, state)
-    assert timed(Runner(), 4) == 4 and timed(Runner(), 5) == 5
-    assert not state.enabled and "AttributeError" in state.error
+    hook = timed_hook()
+    hook.apply()
+    try:
+        WORKER.durations[stages.GATHER_MM_EMBEDDINGS] = [1] * MAX_PER_STAGE
+        dropped = WORKER.dropped
+        assert Runner()._gather_mm_embeddings(1) == 1
+        assert len(WORKER.durations[stages.GATHER_MM_EMBEDDINGS]) == MAX_PER_STAGE
+        assert WORKER.dropped == dropped + 1
+    finally:
+        hook.revert()
 
 
-def test_instance_methods_are_unwrapped_and_wrapped_again_with_the_hooks():
-    class Model:
-        def embed_input_ids(self, ids):
-            return [i * 2 for i in ids]
+# --- instance methods: the model's embed_input_ids, the EC connector's load and save ---------
+class Model:
+    def embed_input_ids(self, ids):
+        return [i * 2 for i in ids]
+
+
+def test_instance_methods_are_unwrapped_and_wrapped_again_by_uninstrument_and_instrument():
+    from mmscope.vllm.instrumentor import VllmInstrumentor
 
     model = Model()
-    ranges._wrap_instance_method(model, "embed_input_ids", stages.EMBED_INPUT_IDS)
+    worker.wrap_instance(model, "embed_input_ids", stages.EMBED_INPUT_IDS)
+    worker.wrap_instance(model, "embed_input_ids", stages.EMBED_INPUT_IDS)  # once only
     assert model.embed_input_ids([1, 2]) == [2, 4]
-    assert len(WORKER.drain()[stages.EMBED_INPUT_IDS]) == 1
-    ranges.unwrap_instances()  # what uninstrument() does
-    assert model.embed_input_ids([3]) == [6] and not WORKER.pending
-    assert not hasattr(model.embed_input_ids, "__mmscope_range__")
-    ranges.rewrap_instances()  # what instrument() does
-    assert model.embed_input_ids([3]) == [6] and len(WORKER.drain()[stages.EMBED_INPUT_IDS]) == 1
-    ranges.unwrap_instances()
+    assert counts(WORKER) == {stages.EMBED_INPUT_IDS: 1}
+    instrumentor = VllmInstrumentor()
+    instrumentor.uninstrument()
+    try:
+        assert not isinstance(model.embed_input_ids, wrapt.FunctionWrapper)
+        assert model.embed_input_ids([3]) == [6] and not WORKER.pending
+        instrumentor.instrument()
+        assert model.embed_input_ids([3]) == [6]
+        assert counts(WORKER) == {stages.EMBED_INPUT_IDS: 1}
+    finally:
+        instrumentor.uninstrument()
+    assert model.embed_input_ids([4]) == [8] and not WORKER.pending
 
 
-def test_hash_ranges_name_each_branch_on_vllms_hasher(tmp_path, wrappers):
-    """The hash wrapper names a range after the branch serialize_item takes, remembering the
-    answer per item type only where the type decides it (MediaWithBytes: the wrapped media)."""
-    import numpy as np
-    from PIL import Image
-    from vllm.multimodal.hasher import MultiModalHasher
-    from vllm.multimodal.media import MediaWithBytes
+class LoadingRunner:
+    def load_model(self):
+        self.model = Model()
+        return "loaded"
 
-    # vLLM's own function, also where an engine test of this process left mmscope's hook on it.
-    original = inspect.unwrap(MultiModalHasher.__dict__["hash_kwargs"].__func__)
-    state = patching.HookState("test.hash")
-    hashed = classmethod(ranges.hash_kwargs_ranged(original, state)).__get__(None, MultiModalHasher)
-    picture = Image.new("RGB", (8, 8), "red")
-    calls = [({"image": picture}, "pil_image"), ({"image": picture}, "pil_image"),
-             ({"image": MediaWithBytes(picture, b"png")}, "image_bytes"),
-             ({"image": MediaWithBytes(np.zeros((2, 4, 4, 3), np.uint8), b"mp4")}, "video"),
-             ({"image": MediaWithBytes(picture, b"png")}, "image_bytes"),
-             ({"image": b"raw", "model_id": "m"}, "bytes"),
-             ({"image": picture, "video": b"raw"}, "mixed")]
-    for kwargs, _ in calls:
-        assert hashed("sha256", **kwargs) == original(MultiModalHasher, "sha256", **kwargs)
-    names = [stages.hash_range(branch) for _, branch in calls]
-    durations = FRONTEND.drain()
-    assert sorted(n for n in durations for _ in durations[n]) == sorted(names)
-    assert state.enabled
-    if wrappers == "c":  # an item of a type already named takes the C road: no frame of ours
-        ours = []
-        sys.setprofile(lambda frame, event, arg: ours.append(frame.f_code.co_name)
-                       if event == "call" and frame.f_code.co_filename == ranges.__file__ else None)
-        try:
-            hashed("sha256", image=picture)
-        finally:
-            sys.setprofile(None)
-        assert ours == [] and FRONTEND.drain() == {stages.hash_range("pil_image"): [ANY]}
+
+def test_the_model_loaded_hook_wraps_the_models_embed_input_ids():
+    hook = Hook("test.load_model", f"{__name__}:LoadingRunner.load_model", ("self",),
+                worker.model_loaded("test.load_model"), "ranges", "worker")
+    hook.apply()
+    try:
+        runner = LoadingRunner()
+        assert runner.load_model() == "loaded"
+        assert runner.model.embed_input_ids([5]) == [10]
+        assert counts(WORKER) == {stages.EMBED_INPUT_IDS: 1}
+    finally:
+        hook.revert()
+        worker.unwrap_instances()
