@@ -48,8 +48,8 @@ def write_plot(c, r: dict, path: str) -> None:
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=120)
-    except (OSError, ValueError) as e:
-        raise UserError(f"--plot {path}: cannot write ({e})") from None
+    except OSError as e:  # the folder was checked before the replay; a full disk remains
+        raise UserError(f"--plot {path}: cannot write ({e.strerror or e})") from None
     finally:
         plt.close(fig)
 

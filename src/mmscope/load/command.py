@@ -15,8 +15,9 @@ DEFAULT_REUSE = "0,0.5,0.9"
 DEFAULT_IMAGE_SIZE = "224x224"
 UNEXPLAINED_EXIT = 1
 PLOT_FORMATS = ("png", "svg", "pdf")
-# Upper bounds: the plan is built in memory before the first request, one task per concurrent
-# request, and a timeout must fit the socket layer's timeval.
+# Upper bounds: the plan is built in memory before the first request, each concurrent request is
+# a task, no model's length is beyond a 32-bit max_tokens, a seed is a 64-bit integer, and a
+# timeout must fit the socket layer's timeval.
 MAX_LEVELS = 100
 MAX_REQUESTS = 100_000
 MAX_IMAGES_PER_LEVEL = 1_000_000
@@ -193,7 +194,7 @@ def _write_plot(path: str, levels) -> None:
     try:
         write_plot(path, levels)
     except OSError as e:
-        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
+        raise UserError(f"--plot {path}: cannot write ({e.strerror or e})") from None
     print(f"wrote {path}", file=sys.stderr)
 
 
