@@ -40,10 +40,16 @@ class VllmInstrumentor:
     def instrument(self) -> dict[str, str]:
         if self.instrumented:
             return self.status()
+        from mmscope.vllm.release_check import standing
+
+        version = self.vllm_version()
         if not self.version_supported():
-            logger.warning("mmscope: vLLM %s is outside the tested range %s; hooks whose targets "
-                           "match are applied, the others are reported by `mmscope doctor`",
-                           self.vllm_version(), self.supported)
+            logger.warning("mmscope: vLLM %s is outside the supported range %s; hooks whose "
+                           "targets match are applied, the others are reported by `mmscope doctor`",
+                           version, self.supported)
+        elif standing(version) != "tested":
+            logger.info("mmscope: vLLM %s is %s, not tested; `mmscope doctor` shows every hook",
+                        version, standing(version))
         register_env_vars()
         schema.inject_scheduler_stats_fields()
         skipped = skipped_hooks()

@@ -1,5 +1,6 @@
-"""The table of vLLM attributes mmscope wraps, for vLLM 0.32.x: one row per target, its wrapper
-named after what it observes. Supporting another release means editing this table.
+"""The table of vLLM attributes mmscope wraps, for vLLM 0.32 (tested) and 0.33 (checked against its
+sources): one row per target, its wrapper named after what it observes. Supporting another
+release means editing this table (docs/vllm-0.33.md: how a release is checked).
 """
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from mmscope import stages
 from mmscope.vllm import processor, scheduler as sch, stat_loggers as sl, worker as wk
 from mmscope.vllm.patching import Hook
 
-SUPPORTED_VLLM = ">=0.32,<0.33"
+SUPPORTED_VLLM = ">=0.32,<0.34"
 
 SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
 ECM = "vllm.v1.core.encoder_cache_manager:EncoderCacheManager"
@@ -57,8 +58,8 @@ def range_hooks() -> list[Hook]:
     return [
         Hook("ranges.hash", "vllm.multimodal.hasher:MultiModalHasher.hash_kwargs",
              ("cls", "algorithm"), processor.item_hashed, "ranges", "API server"),
-        # With `enabled` false, 0.32's record() only yields; the stage timer then stands in for
-        # it (processor.processor_stage): check that premise on the next release.
+        # With `enabled` false, record() only yields (0.32 and 0.33 alike); the stage timer then
+        # stands in for it (processor.processor_stage): check that premise on the next release.
         Hook("ranges.processor_stages", "vllm.multimodal.processing.context:TimingContext.record",
              ("self", "stage"), processor.processor_stage, "ranges", "API server"),
         Hook("ranges.vit_forward", f"{RUNNER}.timed_encoder_operation",
