@@ -11,6 +11,20 @@ want=$( { cat pyproject.toml scripts/setup.sh; cat setup.py src/mmscope/record/*
         | sha256sum | cut -c1-16)
 stamp="$VENV/.mmscope-setup-$want"
 
+# The Prometheus tests (tests/engine/test_prometheus.py) run the real server and promtool.
+# Checked on every run: a `command -v` when it is there already.
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  if ! command -v apt-get >/dev/null; then
+    echo "setup: no apt-get here; install Prometheus (prometheus and promtool on PATH) by hand"
+  elif [ "$(id -u)" -ne 0 ]; then
+    echo "setup: not root; install Prometheus with: sudo apt-get install -y prometheus"
+  else
+    echo "setup: installing the Debian package prometheus"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; }
+  fi
+fi
+
 if [ -f "$stamp" ] && "$VENV/bin/python" -c "import mmscope" 2>/dev/null; then
   echo "setup: .venv is up to date"
   exit 0
