@@ -1,8 +1,24 @@
-"""Fixtures of the engine and server tests: the tiny model, built once per session, and one
-shared OpenAI server with every range and the probe on."""
+"""Fixtures of the engine and server tests: the tiny models' environment in this process and in
+every process the tests start, the tiny LLaVA built once per session, and one shared OpenAI server
+with every range and the probe on."""
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_model_environment():
+    """Without torchvision the tiny models need mmscope's PIL twins and video processor: here for
+    in-process engines, through PYTHONPATH for the servers and scripts the tests start."""
+    from mmscope.demo import environment
+
+    environment.install()
+    patch = pytest.MonkeyPatch()
+    patch.setenv("PYTHONPATH", environment.pythonpath(os.environ.get("PYTHONPATH")))
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="session")

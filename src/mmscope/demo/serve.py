@@ -13,6 +13,7 @@ import time
 
 import httpx
 
+from mmscope.demo import environment
 from mmscope.errors import UserError
 
 
@@ -38,6 +39,8 @@ class VllmServer:
         self.env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                         VLLM_NO_USAGE_STATS="1", VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
                         **(env or {}))
+        # Every process of the server (EngineCore is spawned) starts with the tiny models' set-up.
+        self.env["PYTHONPATH"] = environment.pythonpath(self.env.get("PYTHONPATH"))
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 300, on_wait=None) -> "VllmServer":

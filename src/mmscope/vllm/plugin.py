@@ -17,10 +17,8 @@ def register() -> None:
     if _registered_pid == os.getpid():
         return
     _registered_pid = os.getpid()
-    from mmscope.vllm import compat
     from mmscope.vllm.instrumentor import get_instrumentor
 
-    compat.install_pil_twins()
     if os.environ.get("MMSCOPE_DISABLE", "0") not in ("", "0"):
         logger.info("mmscope: MMSCOPE_DISABLE is set; no hooks applied")
         return
