@@ -32,7 +32,7 @@ PRAGMAS = ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE", "cac
 @dataclass
 class Session:
     """What the recorder knows about the run: its start on CLOCK_MONOTONIC_RAW and on the wall
-    clock, and (ticks, ns) clock pairs taken around it."""
+    clock, (ticks, ns) clock pairs taken around it, and the command it ran."""
     start_ns: int | None = None
     end_ns: int | None = None
     utc_epoch_ns: int | None = None
@@ -165,40 +165,40 @@ class Columns:
         part["_n"] = n
         self.parts.append(part)
 
-    def build(self) -> tuple[int, dict[str, tuple[np.ndarray, np.ndarray | None]], np.ndarray | None]:
-        """Concatenated columns and the row order by start (stable, so each thread keeps its
-        order); the order is None when the rows are already sorted."""
+    def build(self) -> tuple[int, dict[str, tuple[np.ndarray, np.ndarray | None]]]:
+        """The columns of all parts in start order (stable, so each thread keeps its order)."""
         n = sum(p["_n"] for p in self.parts)
-        out = {}
-        for name in NVTX_COLUMNS:
-            if any(name in p for p in self.parts):
-                out[name] = self._concat(name, n)
-        self.parts = []
         if not n:
-            return 0, {}, None
-        start = out["start"][0]
-        if bool(np.all(start[1:] >= start[:-1])):
-            return n, out, None
-        return n, out, np.argsort(start, kind="stable")
+            self.parts = []
+            return 0, {}
+        starts = [p["start"][0] for p in self.parts]
+        start = np.concatenate(starts) if len(starts) > 1 else starts[0]
+        place = None
+        if not bool(np.all(start[1:] >= start[:-1])):
+            place = np.empty(n, np.int64)  # where each row lands: one scatter a column
+            place[np.argsort(start, kind="stable")] = np.arange(n)
+        out = {name: self._placed(name, n, place) for name in NVTX_COLUMNS
+               if any(name in p for p in self.parts)}
+        self.parts = []
+        return n, out
 
-    def _concat(self, name, n):
+    def _placed(self, name: str, n: int, place: np.ndarray | None):
         dtype = np.float64 if name in REAL_COLUMNS else np.int32 if name in self.INT32 else np.int64
-        if len(self.parts) == 1:  # the common case: no copy of columns that are large
+        if len(self.parts) == 1 and place is None:  # the common case: no copy of large columns
             v, m = self.parts[0][name]
             return np.asarray(v).astype(dtype, copy=False), m
-        vals, masks, any_mask = [], [], False
+        values, null, offset = np.zeros(n, dtype), None, 0
         for p in self.parts:
+            rows = slice(offset, offset + p["_n"])
+            target = rows if place is None else place[rows]
+            offset = rows.stop
             v, m = p.get(name, (None, None))
-            if v is None:
-                vals.append(np.zeros(p["_n"], dtype))
-                masks.append(np.ones(p["_n"], bool))
-                any_mask = True
-            else:
-                vals.append(np.asarray(v).astype(dtype, copy=False))
-                masks.append(np.zeros(p["_n"], bool) if m is None else m)
-                any_mask = any_mask or m is not None
-        return np.concatenate(vals) if vals else np.zeros(0, dtype), \
-            (np.concatenate(masks) if any_mask else None)
+            if v is not None:
+                values[target] = v
+            if v is None or m is not None:
+                null = np.zeros(n, bool) if null is None else null
+                null[target] = True if v is None else m
+        return values, null
 
 
 def _payload_columns(ev: np.ndarray) -> dict:
@@ -273,10 +273,9 @@ def _event_rows(cols: Columns, proc: Process, clock, t0: int, lut: np.ndarray) -
 
 def _lookup(lut: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Pool indexes of a process's string ids; -1 for 0 (no string) and ids never defined."""
-    out = np.full(len(ids), -1, np.int64)
-    ok = (ids > 0) & (ids < lut.size)
-    out[ok] = lut[ids[ok]]
-    return out
+    table = np.append(lut, -1)  # the slot past the end answers for every id never defined
+    table[0] = -1
+    return table[np.minimum(ids, lut.size)]
 
 
 def _join_ends(rids, end_rids, end_ticks, end_tids):
@@ -311,9 +310,7 @@ def _meta_rows(cols: Columns, proc: Process, clock, t0: int, lut: np.ndarray) ->
 
 # ---- tables ----------------------------------------------------------------------------------------
 
-def _column(name: str, values: np.ndarray, null: np.ndarray | None, order) -> pl.Series:
-    if order is not None:
-        values, null = values[order], None if null is None else null[order]
+def _column(name: str, values: np.ndarray, null: np.ndarray | None) -> pl.Series:
     series = pl.Series(name, values)
     if null is None:
         return series
@@ -328,17 +325,17 @@ def _nvtx_frame(rows: _Rows) -> pl.DataFrame:
             continue
         values, null = rows.columns[name]
         if name == "text":
-            series.append(_text_column(values, null, rows.order, rows.pool.values))
+            series.append(_text_column(values, null, rows.pool.values))
         else:
-            series.append(_column(name, values, null, rows.order))
+            series.append(_column(name, values, null))
     series.append(pl.Series("eventId", np.arange(1, rows.n + 1, dtype=np.int64)))
     return pl.DataFrame(series)
 
 
-def _text_column(index: np.ndarray, null: np.ndarray | None, order, strings: list[str]) -> pl.Series:
+def _text_column(index: np.ndarray, null: np.ndarray | None, strings: list[str]) -> pl.Series:
     """Pool indexes to the strings themselves (the `text` column holds unregistered messages)."""
     missing = index < 0 if null is None else (index < 0) | null
-    index = _column("text", np.where(missing, 0, index), missing, order)
+    index = _column("text", np.where(missing, 0, index), missing)
     return pl.Series("text", strings, pl.String).gather(index)
 
 
@@ -408,7 +405,6 @@ def _thread_rows(procs: list[Process], luts: list[np.ndarray]) -> tuple[list[tup
 class _Rows:
     n: int
     columns: dict
-    order: np.ndarray | None
     pool: StringPool
     thread_rows: list[tuple[int, int]]
     threads: int
@@ -431,9 +427,9 @@ def _build_rows(procs: list[Process], session: Session, t0: int) -> _Rows:
         _event_rows(cols, p, clock, t0, lut)
         _meta_rows(cols, p, clock, t0, lut)
         p.events = p.events[:0]  # frees the spool's copy of the largest arrays early
-    n, columns, order = cols.build()
+    n, columns = cols.build()
     thread_rows, threads = _thread_rows(procs, luts)
-    return _Rows(n, columns, order, pool, thread_rows, threads)
+    return _Rows(n, columns, pool, thread_rows, threads)
 
 
 def _write_db(path: str, tables: dict[str, pl.DataFrame]) -> None:
