@@ -29,10 +29,12 @@ def global_tid(pid: int, tid: int, vm: int = 1) -> int:
 class NsysFile:
     """A growing nsys-schema SQLite file; call `close()` (or use `with`) to write it."""
 
-    def __init__(self, path, old: bool = False, nvtx: bool = True):
+    def __init__(self, path, old: bool = False, nvtx: bool = True, pragmas: tuple[str, ...] = ()):
         self.path = str(path)
         self.old = old
         self.con = sqlite3.connect(self.path)
+        for pragma in pragmas:  # before the first table: page size, encoding, vacuum, journal
+            self.con.execute(f"PRAGMA {pragma}")
         script = ddl(old)
         if not nvtx:
             script = re.sub(r"CREATE TABLE NVTX_EVENTS \(.*?\n\);", "", script, flags=re.S)
@@ -101,6 +103,24 @@ class NsysFile:
                          (global_tid(pid, 0, self.vm), pid, name))
 
 
+def reserve_bytes(path, n: int) -> None:
+    """Create an empty SQLite file whose pages keep `n` bytes at their end (SQLite's
+    SQLITE_FCNTL_RESERVE_BYTES, which Python's sqlite3 does not offer; set before any write)."""
+    import ctypes
+    import ctypes.util
+
+    lib = ctypes.CDLL(ctypes.util.find_library("sqlite3"))
+    db = ctypes.c_void_p()
+    assert lib.sqlite3_open(str(path).encode(), ctypes.byref(db)) == 0
+    try:
+        reserve = ctypes.c_int(n)
+        assert lib.sqlite3_file_control(db, b"main", 38, ctypes.byref(reserve)) == 0
+        assert lib.sqlite3_exec(db, b"CREATE TABLE reserved_probe(a); DROP TABLE reserved_probe",
+                                None, None, None) == 0
+    finally:
+        lib.sqlite3_close(db)
+
+
 # --- the scripted profile most analyzer tests share ------------------------------------------
 API_PID, WORKER_PID = 100, 200
 SE_TID, SE_END_TID = 201, 202
@@ -150,10 +170,10 @@ def write_pipeline(f: NsysFile, stages) -> None:
     f.range(stages.POSTPROCESS, 8500, None, pid=w)
 
 
-def pipeline_file(path, old: bool = False, vm: int = 1) -> str:
+def pipeline_file(path, old: bool = False, vm: int = 1, pragmas: tuple[str, ...] = ()) -> str:
     from mmscope import stages
 
-    with NsysFile(path, old=old) as f:
+    with NsysFile(path, old=old, pragmas=pragmas) as f:
         f.vm = vm
         write_pipeline(f, stages)
     return str(path)

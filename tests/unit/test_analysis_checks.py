@@ -31,7 +31,7 @@ def find(results: dict, start: str) -> dict:
 
 def test_pipeline_passes_every_check(tmp_path):
     results = run_checks(F.pipeline_file(tmp_path / "p.sqlite"))
-    assert len(results) == 4
+    assert len(results) == 5
     assert all(c["ok"] for c in results.values()), results
     assert find(results, stages.VIT_FORWARD)["detail"] == "all 2 'ec_connector: save' ranges pass"
 

@@ -41,7 +41,7 @@ def test_json_output(profile):
     assert all(NEEDED <= set(s) for s in doc["stages"])
     assert all(isinstance(s[k], int) for s in doc["stages"] for k in NEEDED - {"name"})
     assert (by[stages.VIT_FORWARD]["count"], by[stages.VIT_FORWARD]["total_ns"]) == (2, 1200)
-    assert [set(c) >= {"name", "ok", "detail"} and c["ok"] for c in doc["checks"]] == [True] * 4
+    assert [set(c) >= {"name", "ok", "detail"} and c["ok"] for c in doc["checks"]] == [True] * 5
     assert doc["steps"]["pairs"] == 3
     assert doc["cache_benefit"]["preprocess_saved_per_hit_step_ns"] == 800
     assert doc["profile"]["unclosed"] == 1 and doc["profile"]["processes"] == 2

@@ -58,6 +58,10 @@ def cache_benefit(table: RangeTable) -> dict:
     if len(pre) == 0:
         return {"available": False,
                 "reason": f"no '{stages.PREPROCESS}' ranges in the profile"}
+    if len(table.rows_named(stages.VIT_FORWARD)) == 0:
+        return {"available": False,
+                "reason": f"the profile has no '{stages.VIT_FORWARD}' (encoder) ranges, so "
+                          f"which of its {len(pre)} preprocess steps ran the encoder is unknown"}
     dur = table.end[pre] - table.start[pre]
     ran = enc > 0
     with_enc, without = _summary(dur[ran]), _summary(dur[~ran])

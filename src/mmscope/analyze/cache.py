@@ -10,8 +10,11 @@ import os
 import tempfile
 
 # Bumped whenever what an entry holds, or how any number in it is computed, changes.
-FORMAT = 1
+FORMAT = 2
 HEAD_BYTES = 4096  # hashed into the key: an SQLite header changes on every write transaction
+# Files beside an SQLite database that its contents depend on: a commit may sit in the -wal.
+COMPANION_SUFFIXES = ("-wal",)
+TRACE_SUFFIXES = (".json", ".json.gz")  # the files of a trace folder, as formats reads them
 
 
 def directory() -> str:
@@ -24,22 +27,34 @@ def directory() -> str:
 
 
 def key_for(path: str, name_filter: str | None) -> dict | None:
-    """What an entry for this file and these options must match; None where the file cannot be
-    keyed (a folder of traces, an unreadable file: the analysis itself says what is wrong)."""
+    """What an entry for this file (or folder of traces) and these options must match: every
+    file the answer is read from, by path, size, times, inode and first bytes. None where the
+    input cannot be keyed (unreadable: the analysis itself says what is wrong)."""
     from mmscope import __version__
 
     try:
         real = os.path.realpath(path)
-        st = os.stat(real)
-        if not os.path.isfile(real):
+        if os.path.isdir(real):
+            files = sorted(os.path.join(real, f) for f in os.listdir(real)
+                           if f.endswith(TRACE_SUFFIXES))
+        elif os.path.isfile(real):
+            files = [real] + [real + s for s in COMPANION_SUFFIXES if os.path.exists(real + s)]
+        else:
             return None
-        with open(real, "rb") as f:
-            head = hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()
+        stamps = [_stamp(f) for f in files]
     except (OSError, ValueError):
         return None
-    return {"format": FORMAT, "mmscope": __version__, "path": real, "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
-            "device": st.st_dev, "head_sha256": head, "filter": name_filter}
+    return {"format": FORMAT, "mmscope": __version__, "path": real, "files": stamps,
+            "filter": name_filter}
+
+
+def _stamp(path: str) -> dict:
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        head = hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()
+    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns, "inode": st.st_ino, "device": st.st_dev,
+            "head_sha256": head}
 
 
 def _entry_path(key: dict) -> str:

@@ -7,15 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze import kernels
-from mmscope.analyze.table import RangeTable, latest_before, packed_order
+from mmscope.analyze.table import RangeTable, latest_before
 
 SIBLINGS = stages.PREPROCESS_SIBLINGS
 
 
 def run_all(table: RangeTable, pairs) -> list[dict]:
-    return [vit_excludes_save(table), siblings_disjoint(table), siblings_inside_preprocess(table),
-            step_meta_joined(table, pairs)]
+    return [ranges_nest(table), vit_excludes_save(table), siblings_disjoint(table),
+            siblings_inside_preprocess(table), step_meta_joined(table, pairs)]
 
 
 def _result(name: str, bad: int, total: int, first: str, what: str) -> dict:
@@ -37,10 +36,6 @@ def where(table: RangeTable, row: int) -> str:
 
 def _inside(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """For each inner row, the enclosing outer row on its thread, or -1."""
-    if kernels.lib() is not None and len(inner) and len(outer):
-        found = kernels.latest_before(outer, inner, table.thread, table.start, table.end)
-        if found is not None:
-            return found
     cand = latest_before(table, outer, inner)
     ok = cand >= 0
     safe = np.maximum(cand, 0)
@@ -65,9 +60,8 @@ def siblings_disjoint(table: RangeTable) -> dict:
     """No two of the preprocess children overlap on a thread (touching ends are fine)."""
     name = "preprocess children are disjoint siblings"
     rows = table.rows_named(*SIBLINGS)
-    if _overlapping(table, rows) == 0:
-        return _result(name, 0, len(rows), "", "preprocess child ranges")
-    import polars as pl  # only to describe a failure
+    import polars as pl
+
     df = pl.DataFrame({"r": rows, "t": table.thread[rows], "s": table.start[rows],
                        "e": table.end[rows]}).sort("t", "s", "r")
     df = df.with_columns(prev_end=pl.col("e").cum_max().shift(1).over("t"))
@@ -82,31 +76,17 @@ def siblings_disjoint(table: RangeTable) -> dict:
     return _result(name, len(bad), len(rows), first, "preprocess child ranges")
 
 
-def _overlapping(table: RangeTable, rows: np.ndarray) -> int | None:
-    """How many of these rows (in row order) start before an earlier one on their thread ends,
-    taking the rows by (thread, start, row); None where (thread, time) does not pack in an int64.
-
-    The same count as the polars frame in `siblings_disjoint`, in numpy: (thread, time) packed so
-    that a running maximum of the ends never carries a thread's ends into the next thread."""
-    if len(rows) < 2:
-        return 0
-    if kernels.lib() is not None:
-        got = kernels.overlaps(rows, table.thread, table.start, table.end)
-        if got is not None:
-            return got
-    import polars as pl
-
-    thread, s, e = table.thread[rows], table.start[rows], table.end[rows]
-    g = np.searchsorted(np.sort(pl.Series(thread).unique().to_numpy()), thread)
-    t0 = int(s.min())
-    bits = max(int(e.max()) - t0, int(s.max()) - t0, 1).bit_length()
-    if int(g.max()).bit_length() + bits > 62 or int(e.min()) < t0:
-        return None
-    ks = (g << bits) | (s - t0)
-    ke = (g << bits) | (e - t0)
-    order = packed_order(g, ks)  # rows are in row order: ties stay by row
-    ks, ke = ks[order], ke[order]
-    return int(np.count_nonzero(ks[1:] < np.maximum.accumulate(ke)[:-1]))
+def ranges_nest(table: RangeTable) -> dict:
+    """Ranges on a thread either contain one another or do not overlap; one that starts inside
+    another and ends after it is kept beside it, not inside (counted here)."""
+    name = "ranges nest (none overlaps another partly)"
+    crossing = table.crossing
+    first = ""
+    if len(crossing):
+        row = int(crossing[np.argmin(table.start[crossing])])
+        first = f"{where(table, row)} ends after a range it starts inside"
+    positive = int(np.count_nonzero(table.end > table.start))
+    return _result(name, len(crossing), positive, first, "ranges of positive length")
 
 
 def siblings_inside_preprocess(table: RangeTable) -> dict:

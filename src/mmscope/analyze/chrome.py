@@ -1,11 +1,17 @@
 """Load a Chrome trace-event file (mmscope's `chrome` backend, torch profiler) into a RangeTable.
 
 Complete ("X") and begin/end ("B"/"E") events become ranges, instants marks; gzip, bare lists too.
+Each file's clock is known: a torch profiler trace counts from its `baseTimeNanoseconds` on the
+UTC clock; mmscope's own traces are CLOCK_MONOTONIC (their `clock` metadata event, which also
+gives the wall clock's offset). Several files are one profile only on one clock (see load_all).
 """
 from __future__ import annotations
 
 import gzip
 import json
+
+import os
+from dataclasses import dataclass
 
 from mmscope.analyze import table as tbl
 from mmscope.errors import UserError
@@ -20,17 +26,77 @@ def looks_like_json(head: bytes) -> bool:
     return head.startswith(GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"[")
 
 
+@dataclass(frozen=True)
+class Clock:
+    """A trace's clock: `domain` names it; `wall_offset_ns` turns its times into UTC epoch ns
+    (None where the file does not say)."""
+
+    domain: str
+    wall_offset_ns: int | None = None
+
+
+TORCH, MONOTONIC, UNKNOWN = "torch profiler (UTC base)", "CLOCK_MONOTONIC", "unknown"
+
+
+def clock_of(doc, events: list) -> Clock:
+    if isinstance(doc, dict) and isinstance(doc.get("baseTimeNanoseconds"), int):
+        return Clock(TORCH, doc["baseTimeNanoseconds"])
+    for ev in events:
+        if ev.get("ph") != "M" or ev.get("name") not in ("clock", "trace_end"):
+            continue
+        args = ev.get("args") or {}
+        if args.get("clock") == MONOTONIC:
+            offset = args.get("wall_minus_clock_ns")
+            return Clock(MONOTONIC, offset if isinstance(offset, int) else None)
+    return Clock(UNKNOWN)
+
+
 def load(path: str) -> tbl.RangeTable:
     return load_all([path], path)
 
 
 def load_all(paths: list[str], label: str) -> tbl.RangeTable:
-    """Several trace files as one table: the chrome backend writes one file per process."""
-    events = [e for p in paths for e in _events(p, _parse(p))]
+    """Several trace files as one table (the chrome backend writes one file per process).
+
+    The rule for several files: on one clock, times are taken as they are; torch profiler
+    traces alone are each moved onto the UTC clock by their base time (exact, as each file
+    states it); files on different clocks, or torch traces beside mmscope's (two recordings of
+    the same steps), are refused: their alignment would be approximate and their steps counted
+    twice."""
+    parsed = []
+    for p in paths:
+        doc = _parse(p)
+        events = _events(p, doc)
+        parsed.append((p, events, clock_of(doc, events)))
+    shifts, clock = _alignment(parsed, label)
+    builder = _Builder()
     try:
-        return _Builder().run(events)
+        for (_, events, _), shift in zip(parsed, shifts):
+            builder.shift = shift
+            for ev in events:
+                builder.add(ev)
+        return builder.table(clock)
     except (TypeError, ValueError, OverflowError) as e:
         raise UserError(f"{label}: malformed trace event ({_first_line(e)})") from None
+
+
+def _alignment(parsed: list, label: str) -> tuple[list[int], str]:
+    """The shift (ns) of each file's times, and the clock the table is on."""
+    clocks = [c for _, _, c in parsed]
+    domains = {c.domain for c in clocks}
+    if len(parsed) == 1:
+        return [0], clocks[0].domain
+    if domains == {TORCH}:
+        return [c.wall_offset_ns for c in clocks], "UTC epoch (torch profiler base times)"
+    if len(domains) == 1:
+        return [0] * len(parsed), clocks[0].domain
+    first = {}
+    for p, _, c in parsed:
+        first.setdefault(c.domain, os.path.basename(p))
+    named = ", ".join(f"{name} on {domain}" for domain, name in sorted(first.items()))
+    raise UserError(f"{label}: traces on different clocks ({named}); a torch profiler trace "
+                    "and mmscope's traces are two recordings of the same steps: analyze each "
+                    "on its own")
 
 
 def _parse(path: str):
@@ -62,6 +128,7 @@ def _ns(value) -> int:
     return round(float(value) * 1000)
 
 
+
 class _Builder:
     """Collects the columns; B/E pairs close on a per-thread stack, as the format specifies."""
 
@@ -72,32 +139,31 @@ class _Builder:
         self.thread_names: dict[int, str] = {}
         self.process_names: dict[int, str] = {}
         self.open: dict[int, list[int]] = {}
+        self.shift = 0  # added to this file's times (ns): its place on the profile's clock
 
-    def run(self, events: list) -> tbl.RangeTable:
-        for ev in events:
-            self.add(ev)
+    def table(self, clock: str) -> tbl.RangeTable:
         c = self.cols
         return tbl.build(raw_names=list(self.names), name_id=c["name"], start=c["start"],
                          end=c["end"], kind=c["kind"], thread=c["thread"],
                          thread_names=self.thread_names, process_names=self.process_names,
-                         source="chrome-json")
+                         source="chrome-json", clock=clock)
 
     def add(self, ev: dict) -> None:
         ph = ev.get("ph")
         if ph == "M":
             self.metadata(ev)
         elif ph == "X" and "ts" in ev:
-            start = _ns(ev["ts"])
+            start = _ns(ev["ts"]) + self.shift
             self.row(ev, start, start + _ns(ev.get("dur", 0)), tbl.PUSH_POP)
         elif ph == "B" and "ts" in ev:
             self.open.setdefault(self.thread(ev), []).append(
-                self.row(ev, _ns(ev["ts"]), None, tbl.PUSH_POP))
+                self.row(ev, _ns(ev["ts"]) + self.shift, None, tbl.PUSH_POP))
         elif ph == "E" and "ts" in ev:
             stack = self.open.get(self.thread(ev))
             if stack:  # an E without its B (cut by the capture window) is dropped
-                self.cols["end"][stack.pop()] = _ns(ev["ts"])
+                self.cols["end"][stack.pop()] = _ns(ev["ts"]) + self.shift
         elif ph in _INSTANTS and "ts" in ev:
-            t = _ns(ev["ts"])
+            t = _ns(ev["ts"]) + self.shift
             self.row(ev, t, t, tbl.MARK)
 
     def row(self, ev: dict, start: int, end: int | None, kind: int) -> int:

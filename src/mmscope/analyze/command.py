@@ -23,11 +23,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--csv", metavar="FILE", help="write the per-stage table as CSV")
     parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
     parser.add_argument("--workers", type=int, metavar="N",
-                        help="read an SQLite file through SQLite on N processes (default: read "
-                        "its pages directly; SQLite on the free cores where that cannot)")
+                        help="threads reading an SQLite file (default: one per core)")
     parser.add_argument("--no-cache", action="store_true",
                         help="analyze the file even if the analysis cache holds it (and do not "
                         "store the result)")
+
+
+def check_workers(workers: int | None) -> None:
+    if workers is not None and workers < 1:
+        raise UserError(f"--workers: needs 1 or more threads, not {workers}")
 
 
 def check_regex(pattern: str | None) -> None:
@@ -44,6 +48,7 @@ def run(args) -> int:
     from mmscope.analyze.report import Analysis
 
     check_regex(args.filter)
+    check_workers(args.workers)
     # The key first: a warm run answers before numpy or polars are imported.
     key = None if args.no_cache else cache.key_for(args.profile, args.filter)
     doc = cache.read(key)

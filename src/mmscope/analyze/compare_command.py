@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
     parser.add_argument("--workers", type=int, metavar="N",
-                        help="processes reading a large SQLite file (default: free cores)")
+                        help="threads reading an SQLite file (default: one per core)")
     parser.add_argument("--no-cache", action="store_true",
                         help="compute both stage tables even where the analysis cache holds them")
 
@@ -80,9 +80,10 @@ def _stages(path: str, name_filter: str | None, workers: int | None, no_cache: b
 
 
 def run(args) -> int:
-    from mmscope.analyze.command import check_regex
+    from mmscope.analyze.command import check_regex, check_workers
 
     check_regex(args.filter)
+    check_workers(args.workers)
     base = _stages(args.base, args.filter, args.workers, args.no_cache)
     new = _stages(args.new, args.filter, args.workers, args.no_cache)
     result = {"base": args.base, "new": args.new, **compare(base, new)}

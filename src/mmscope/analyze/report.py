@@ -46,45 +46,29 @@ class Analysis:
 
 def analyze(path: str, table, name_filter: str | None = None) -> Analysis:
     from mmscope import stages
-    from mmscope.analyze import benefit, checks, kernels, stats, steps
-    # The stage table reads the table and nothing the rest writes: on the other core (its C
-    # kernel and numpy drop the GIL) while this thread does the step join and the checks.
-    stage_rows = (kernels.Background(stats.stage_stats, table, name_filter)
-                  if kernels.lib() is not None else None)
+    from mmscope.analyze import benefit, checks, stats, steps
+
     table.find_rows((stages.FORWARD,), (stages.PREPROCESS,), (stages.VIT_FORWARD,),
                     (stages.EC_SAVE,), checks.SIBLINGS,
                     id_sets={steps.STEP_META_ROWS: steps.step_meta_shapes(table)[1]})
     pairs = steps.step_join(table)
-    # The checks too (their lookups are C): the row sets and step_meta rows they read are ready.
-    check_rows = (kernels.Background(checks.run_all, table, pairs)
-                  if kernels.lib() is not None else None)
-    out = Analysis(path=path, profile=profile_info(path, table), table=table, stages=[],
-                   checks=[], steps=steps.summary(table, pairs),
-                   cache_benefit=benefit.cache_benefit(table), pairs=pairs,
-                   plots=plot_points(table, pairs))
-    out.checks = (check_rows.result() if check_rows is not None
-                  else checks.run_all(table, pairs))
-    out.stages = (stage_rows.result() if stage_rows is not None
-                  else stats.stage_stats(table, name_filter))
-    return out
+    return Analysis(path=path, profile=profile_info(path, table), table=table,
+                    stages=stats.stage_stats(table, name_filter),
+                    checks=checks.run_all(table, pairs), steps=steps.summary(table, pairs),
+                    cache_benefit=benefit.cache_benefit(table), pairs=pairs,
+                    plots=plot_points(table, pairs))
 
 
 def profile_info(path: str, table) -> dict:
     import numpy as np
 
-    from mmscope.analyze import kernels
     from mmscope.analyze.table import MARK
 
-    n = len(table)
-    if n == 0:
-        threads = np.zeros(0, np.int64)
-    elif kernels.lib() is not None:
-        threads = kernels.distinct(table.thread)
-    else:
-        import polars as pl
+    import polars as pl
 
-        threads = pl.Series(table.thread).unique().to_numpy()
-    return {"path": path, "format": table.source, "ranges": n,
+    n = len(table)
+    threads = pl.Series(table.thread).unique().to_numpy()
+    return {"path": path, "format": table.source, "clock": table.clock, "ranges": n,
             "marks": int((table.kind == MARK).sum()),
             "unclosed": int(table.unclosed.sum()),
             "cross_thread": (0 if table.end_thread is table.thread  # one array: none crosses
@@ -182,6 +166,8 @@ def _stage_table(rows: list[dict]):
 
 
 def _steps_text(s: dict) -> str:
+    if s.get("available") is False:
+        return f"steps: {s['reason']}"
     lines = [f"steps: {s['pairs']} forwards joined to a step_meta ({s['forwards']} forwards, "
              f"{s['step_metas']} step_meta)"]
     for k in s["by_kind"]:
@@ -192,6 +178,8 @@ def _steps_text(s: dict) -> str:
         f = s["fit"]
         lines.append(f"  forward ≈ {fmt_ns(f['intercept_ns'])} + {fmt_ns(f['ns_per_token'])} "
                      f"per token (r² {f['r2']})")
+    elif s.get("fit_reason"):
+        lines.append(f"  no fit of forward time against tokens: {s['fit_reason']}")
     return "\n".join(lines)
 
 

@@ -9,7 +9,6 @@ import re
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze import kernels
 from mmscope.analyze.table import RangeTable
 
 # Every step_meta range has its own name (it carries the step's shape): one stage for them all.
@@ -32,14 +31,11 @@ def stage_stats(table: RangeTable, name_filter: str | None = None) -> list[dict]
     names, mapping = stage_names(table.names)
     if len(table) == 0:
         return []
-    if kernels.lib() is not None:
-        base, pct, parent_name, share = _stats_c(table, mapping, names)
-    else:
-        sid = mapping[table.name_id]
-        dur = table.duration
-        base = _aggregates(sid, dur, len(names))
-        pct = _percentiles(sid, dur, base["count"])
-        parent_name, share = _share_of_parent(table, sid, dur, names)
+    sid = mapping[table.name_id]
+    dur = table.duration
+    base = _aggregates(sid, dur, len(names))
+    pct = _percentiles(sid, dur, base["count"])
+    parent_name, share = _share_of_parent(table, sid, dur, names)
     pattern = re.compile(name_filter) if name_filter else None
     out = []
     for s, name in enumerate(names):
@@ -54,30 +50,6 @@ def stage_stats(table: RangeTable, name_filter: str | None = None) -> list[dict]
         out.append(row)
     out.sort(key=lambda r: (-r["total_ns"], r["name"]))
     return out
-
-
-def _stats_c(table: RangeTable, stage_of: np.ndarray, names: list[str]):
-    """The numpy road's aggregates, percentiles and share of parent from one C pass that groups
-    the durations by stage; each stage's percentiles are then a selection, not a sort."""
-    n = len(names)
-    c = kernels.stage_stats(table.name_id, stage_of, table.start, table.end, table.parent, n)
-    pct = {p: np.zeros(n, np.int64) for p in PERCENTILES}
-    grouped, at = c.pop("grouped"), 0
-    for s in range(n):
-        k = int(c["count"][s])
-        if k:
-            ranks = [max((p * k + 99) // 100, 1) - 1 for p in PERCENTILES]
-            part = np.partition(grouped[at:at + k], sorted(set(ranks)))
-            for p, r in zip(PERCENTILES, ranks):
-                pct[p][s] = part[r]
-        at += k
-    parent_name: list[str | None] = [None] * n
-    share: list[float | None] = [None] * n
-    for s in np.flatnonzero(c["pairs"] > 0).tolist():
-        total = int(c["parent_total"][s])
-        share[s] = round(int(c["child_sum"][s]) / total, 6) if total else None
-        parent_name[s] = names[int(c["usual"][s])]
-    return c, pct, parent_name, share
 
 
 def _aggregates(sid: np.ndarray, dur: np.ndarray, n_stages: int) -> dict[str, np.ndarray]:
@@ -118,6 +90,20 @@ def _sorted_by_stage(sid: np.ndarray, dur: np.ndarray) -> np.ndarray:
     return dur[np.lexsort((dur, sid))]
 
 
+def _child_time(table: RangeTable, s_child, p_child, d_child, dur):
+    """Per stage, the time of its ranges inside their parents. Children of one parent never
+    overlap unless some range crosses another (table.crossing); then a stage's time inside one
+    parent counts at most that parent's length, so that no share exceeds the whole."""
+    import polars as pl
+
+    df = pl.DataFrame({"s": s_child, "p": p_child, "d": d_child})
+    if len(table.crossing):
+        df = df.group_by("s", "p").agg(pl.col("d").sum())
+        per_pair = df.with_columns(cap=pl.Series(dur[df["p"].to_numpy()]))
+        df = per_pair.with_columns(d=pl.min_horizontal("d", "cap")).select("s", "d")
+    return df.group_by("s").agg(pl.col("d").sum())
+
+
 def _share_of_parent(table: RangeTable, sid: np.ndarray, dur: np.ndarray, names: list[str]):
     """Per stage: the usual parent stage and the stage's time over its parents' (each once)."""
     import polars as pl
@@ -129,7 +115,7 @@ def _share_of_parent(table: RangeTable, sid: np.ndarray, dur: np.ndarray, names:
     if len(has) == 0:
         return parent_name, share
     s_child, p_child = sid[has], table.parent[has]
-    child = pl.DataFrame({"s": s_child, "d": dur[has]}).group_by("s").agg(pl.col("d").sum())
+    child = _child_time(table, s_child, p_child, dur[has], dur)
     del has
     if len(table) * n < (1 << 62):
         # The distinct (stage, parent row) pairs, as one int64 key (parent * stages + stage).

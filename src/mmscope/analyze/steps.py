@@ -10,7 +10,6 @@ import re
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze import kernels
 from mmscope.analyze.table import RangeTable, latest_before
 
 SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
@@ -28,8 +27,6 @@ def _lines_pattern() -> re.Pattern | None:
 
 
 _STEP_META_LINES = _lines_pattern()
-# The step_meta regex the C parser implements (for ASCII lines); any other goes through `re`.
-C_PARSED_RE = r"^step_meta: prefill=(\d+) decode=(\d+) total=(\d+) reqs=(\d+)$"
 
 
 def step_meta_shapes(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
@@ -82,11 +79,7 @@ def _parse_joined(names: list[str]) -> np.ndarray | None:
     if (_STEP_META_LINES is None or not names or not text.isascii()
             or text.count("\n") != len(names) - 1):
         return None
-    out = None
-    if kernels.lib() is not None and getattr(stages, "_STEP_META_RE").pattern == C_PARSED_RE:
-        out = kernels.parse_step_meta(text, len(names))
-    if out is None:
-        out = _parse_regex(names, text)
+    out = _parse_regex(names, text)
     if out is None:
         return None
     sample = {0, len(names) // 2, len(names) - 1}
@@ -159,10 +152,28 @@ def summary(table: RangeTable, pairs) -> dict:
         seen = np.zeros(len(table), bool)
         seen[pairs["meta_row"]] = True
         joined = int(np.count_nonzero(seen))
+    fit, fit_reason = _fit(pairs)
     out = {"pairs": len(pairs), "forwards": forwards, "step_metas": metas,
            "unmatched_forwards": forwards - len(pairs), "unjoined_step_metas": metas - joined,
-           "by_kind": _by_kind(pairs), "fit": _fit(pairs)}
+           "by_kind": _by_kind(pairs), "fit": fit, "fit_reason": fit_reason,
+           "available": len(pairs) > 0, "reason": _missing(forwards, metas, len(pairs))}
     return out
+
+
+def _missing(forwards: int, metas: int, pairs: int) -> str | None:
+    """Why the step join has nothing to show (None: it has)."""
+    if pairs:
+        return None
+    if forwards == 0 and metas == 0:
+        return (f"the profile has no '{stages.FORWARD}' and no step_meta ranges: forward time "
+                "against batch shape is unknown")
+    if forwards == 0:
+        return f"the profile has no '{stages.FORWARD}' ranges ({metas} step_meta)"
+    if metas == 0:
+        return (f"the profile has no step_meta ranges ({forwards} forwards): their batch "
+                "shapes are unknown")
+    return (f"no '{stages.FORWARD}' follows a step_meta on its thread ({forwards} forwards, "
+            f"{metas} step_meta)")
 
 
 def _by_kind(pairs) -> list[dict]:
@@ -188,16 +199,16 @@ def _by_kind(pairs) -> list[dict]:
     return out
 
 
-def _fit(pairs) -> dict | None:
-    """Least squares forward_ns = intercept + slope * total tokens (None without 2 shapes)."""
+def _fit(pairs) -> tuple[dict | None, str | None]:
+    """Least squares forward_ns = intercept + slope * total tokens, or None and why not."""
     if len(pairs) < 2:
-        return None
+        return None, f"{len(pairs)} joined step(s); a fit needs two or more"
     x = pairs["total"].astype(np.float64)
     y = pairs["forward_ns"].astype(np.float64)
     if np.ptp(x) == 0:
-        return None
+        return None, f"every joined step has {int(x[0])} tokens; a fit needs two batch sizes"
     slope, intercept = np.polyfit(x, y, 1)
     resid = y - (intercept + slope * x)
     r2 = 1.0 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum()) if np.ptp(y) else 1.0
     return {"ns_per_token": round(float(slope), 3), "intercept_ns": round(float(intercept), 1),
-            "r2": round(r2, 4)}
+            "r2": round(r2, 4)}, None

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze import kernels
 
 PUSH_POP, START_END, MARK = 0, 1, 2
 KIND_NAMES = ("push_pop", "start_end", "mark")
@@ -23,7 +22,8 @@ class RangeTable:
     `name_id` indexes `names` (canonical spellings, see `stages.canonical`); `domain_id` indexes
     `domains` ("" is the default domain); `thread` is nsys' globalTid (pid << 24 | tid); `parent`
     is the row index of the enclosing range or -1; `unclosed` rows had no end (their end is the
-    profile's last timestamp, as nsys' own reports do).
+    profile's last timestamp, as nsys' own reports do); `crossing` holds the rows that overlap
+    an earlier range of their thread partly (neither contains the other: not nested, one level).
     """
 
     name_id: np.ndarray
@@ -41,6 +41,8 @@ class RangeTable:
     thread_names: dict[int, str] = field(default_factory=dict)
     process_names: dict[int, str] = field(default_factory=dict)
     source: str = ""
+    clock: str = ""
+    crossing: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -69,23 +71,27 @@ class RangeTable:
         return self._cache[key]
 
     def find_rows(self, *groups: tuple[str, ...], id_sets: dict | None = None) -> None:
-        """rows_named for each of these name groups at once (one pass where the C kernels
-        are built); later rows_named calls find them. `id_sets`: {cache key: name ids} of
-        more sets, their rows cached under those keys."""
+        """rows_named for each of these name groups at once, in one lookup per row; later
+        rows_named calls find them. `id_sets`: {cache key: name ids} of more sets, their rows
+        cached under those keys (a name in two sets: those sets are looked up on their own)."""
         keys = [("names",) + g for g in groups if ("names",) + g not in self._cache]
         sets = {key: self.ids_of(*key[1:]) for key in keys}
         sets.update((k, v) for k, v in (id_sets or {}).items() if k not in self._cache)
-        if not sets or kernels.lib() is None or len(self.names) >= (1 << 31):
-            return
         slot_of = np.full(len(self.names), -1, np.int32)
         slots = []
         for key, ids in sets.items():
-            if (slot_of[ids] >= 0).any():  # a name in two sets: those go one by one
+            if (slot_of[ids] >= 0).any():
                 continue
             slot_of[ids] = len(slots)
             slots.append(key)
-        for key, rows in zip(slots, kernels.rows_by_slot(self.name_id, slot_of, len(slots))):
-            self._cache[key] = rows
+        if not slots:
+            return
+        slot = slot_of[self.name_id]
+        rows = np.flatnonzero(slot >= 0)
+        order = np.argsort(slot[rows], kind="stable")
+        bounds = np.searchsorted(slot[rows][order], np.arange(len(slots) + 1))
+        for j, key in enumerate(slots):
+            self._cache[key] = rows[order[bounds[j]:bounds[j + 1]]]
 
     def rows_with_ids(self, ids: np.ndarray) -> np.ndarray:
         """Row indices whose name id is one of `ids` (a lookup per row, however many ids)."""
@@ -142,7 +148,7 @@ def _canonical_index(raw: list[str], prefix=None) -> tuple[dict[str, int], np.nd
 
 def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
           domain_id=None, domains=None, thread_names=None, process_names=None,
-          source: str = "", canonical=None) -> RangeTable:
+          source: str = "", clock: str = "", canonical=None) -> RangeTable:
     """A RangeTable from loader columns; `end` < `start` marks a missing end (NULL in nsys).
     `canonical`: canonical_prefix() of the first raw names, where the loader computed it."""
     start = np.asarray(start, dtype=np.int64)
@@ -155,28 +161,20 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
     end_thread = thread if end_thread is None else np.asarray(end_thread, dtype=np.int64)
     domain_id = np.zeros(n, np.int32) if domain_id is None else np.asarray(domain_id, np.int32)
     end, unclosed = _close(start, end, kind)
-    # Start/end ranges overlap freely, so they nest among themselves, apart from push/pop stacks.
-    nesting = None
-    if kernels.lib() is not None and n:
-        # C without the GIL, while this thread maps the names.
-        nesting = kernels.Background(_nest_c, thread, None, start, end,
-                                     np.empty(n, np.int32), np.empty(n, np.int64),
-                                     (domain_id, kind, START_END))
     index, mapping = _canonical_index(raw_names, canonical)
     names = list(index)
     name_id = mapping.astype(np.int32)[np.asarray(name_id)] if n else np.zeros(0, np.int32)
-    if nesting is not None:
-        depth, parent = nesting.result()
-    else:
-        sub = (domain_id << 1) | (kind == START_END)
-        depth, parent = nest(thread, sub, start, end)
-        del sub
+    # Start/end ranges overlap freely, so they nest among themselves, apart from push/pop stacks.
+    sub = (domain_id << 1) | (kind == START_END)
+    depth, parent, crossing = nest_with_crossings(thread, sub, start, end)
+    del sub
     return RangeTable(
         name_id=name_id,
         start=start, end=end, kind=kind, thread=thread, end_thread=end_thread,
         domain_id=domain_id, unclosed=unclosed, depth=depth, parent=parent, names=names,
         domains=list(domains or [""]), thread_names=dict(thread_names or {}),
-        process_names=dict(process_names or {}), source=source,
+        process_names=dict(process_names or {}), source=source, clock=clock,
+        crossing=crossing,
         _cache={"index": index})  # ids_of's lookup, which profiles with many names pay for
 
 
@@ -196,68 +194,93 @@ def _close(start: np.ndarray, end: np.ndarray, kind: np.ndarray):
 
 
 def nest(thread: np.ndarray, sub: np.ndarray, start: np.ndarray, end: np.ndarray):
-    """Depth and parent row of every interval within its (thread, sub) group, without a stack.
+    """Depth and parent row of every interval within its (thread, sub) group (see
+    nest_with_crossings)."""
+    depth, parent, _ = nest_with_crossings(thread, sub, start, end)
+    return depth, parent
 
-    Rule (the stack rule of tests/test_analysis_nesting.py): sort by (start, longest first, row);
-    `p` contains `c` when p has positive length, p.start <= c.start < p.end and c.end <= p.end.
-    A zero-length range is a leaf and at a parent's end it lies outside it (nsys counts it inside);
-    of two equal ranges the earlier row is the parent (nsys may pick either).
+
+def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
+                        end: np.ndarray):
+    """Depth, parent row, and the rows that cross an earlier range, per (thread, sub) group.
+
+    Rule (the oracle of tests/unit/test_analysis_nesting.py): order the group by (start,
+    longest first, row); `p` contains `c` when p has positive length, p.start <= c.start < p.end
+    and c.end <= p.end; the parent of `c` is the last range before it in that order that
+    contains it. Ranges that overlap partly are not nested: each keeps the parent that contains
+    it, and the later one is listed as crossing (an earlier sibling ends inside it). A
+    zero-length range is a leaf, and at a
+    parent's end it lies outside it; of two equal ranges the earlier row is the parent.
     """
     n = len(start)
     depth = np.zeros(n, dtype=np.int32)
     parent = np.full(n, NO_PARENT, dtype=np.int64)
     if n == 0:
-        return depth, parent
-    if kernels.lib() is not None:
-        return _nest_c(thread, kernels.c_array(sub, np.int32), start, end, depth, parent)
+        return depth, parent, np.zeros(0, np.int64)
     g = _group_index(thread, sub)
     ks_row, ke_row = _packed_keys(g, start, end)
     order, ks = _sort_order(ks_row, ke_row, g)
     del g, ks_row
     ke = ke_row[order]
     del ke_row
-    # Everything in sorted positions first; rows only at the end (two scatters, one gather).
-    positive = ke > ks
-    if positive.all():
-        d_sorted, p_sorted = _nest_positive(ks, ke)
-    else:
-        pos = np.flatnonzero(positive)
-        zero = np.flatnonzero(~positive)
-        ks_p, ke_p = ks[pos], ke[pos]
-        d_pos, p_pos = _nest_positive(ks_p, ke_p)
-        d_zero, p_zero = _nest_zero(ks_p, ke_p, d_pos, p_pos, ks[zero])
-        del ks_p, ke_p
-        d_sorted = np.empty(n, np.int32)
-        d_sorted[pos], d_sorted[zero] = d_pos, d_zero
-        p_sorted = np.full(n, NO_PARENT, np.int64)
-        if len(pos):
-            p_sorted[pos] = _through(pos, p_pos)
-            p_sorted[zero] = _through(pos, p_zero)
-    del ks, ke, positive
+    p_sorted, crosses = _last_container(ks, ke)
+    d_sorted = _depths(p_sorted)
     depth[order] = d_sorted
     parent[order] = _through(order, p_sorted)
-    return depth, parent
+    return depth, parent, np.sort(order[crosses])
 
 
-def _nest_c(thread, sub, start, end, depth, parent, domain_kind=None):
-    """nest() in C: one pass in row order where each (thread, sub) group's rows are in start
-    order already (as profiles list them), else a pass in the order numpy sorts. Without
-    `sub`, `domain_kind` gives it (see kernels.nest)."""
-    thread, start, end = (kernels.c_array(a, np.int64) for a in (thread, start, end))
-    if kernels.nest(thread, sub, start, end, depth, parent, domain_kind=domain_kind):
-        return depth, parent
-    if sub is None:
-        domain_id, kind, start_end = domain_kind
-        sub = (domain_id.astype(np.int32) << 1) | (kind == start_end)
-    sub = kernels.c_array(sub, np.int32)
-    g = _group_index(thread, sub)
-    ks_row, ke_row = _packed_keys(g, start, end)
-    order, _ = _sort_order(ks_row, ke_row, g)
-    del ks_row, ke_row
-    parent[:] = NO_PARENT
-    kernels.nest(thread, sub, start, end, depth, parent, order=kernels.c_array(order, np.int64),
-                 gid=kernels.c_array(g, np.int64), n_groups=int(g.max()) + 1)
-    return depth, parent
+def _last_container(ks: np.ndarray, ke: np.ndarray):
+    """In sorted positions: the last earlier position that contains each one (-1: none), and
+    the positions that cross an earlier range.
+
+    An earlier position j contains i exactly when ke[j] >= ke[i] (> for a zero-length i): the
+    order already puts ks[j] <= ks[i], and keys of another group never qualify. So the parent is
+    the nearest earlier key that is at least as large, found by pointer jumping: each position
+    holds a candidate, and everything between the candidate and itself is smaller; a candidate
+    that fails hands over its own candidate, or its parent once that is known. The largest end
+    passed over on the way tells whether i crosses something (it ended inside i)."""
+    m = len(ks)
+    zero = ke == ks
+    parent = np.full(m, -2, np.int64)  # -2: not known yet
+    # Without any earlier end reaching mine there is no container at all: no jumping for those.
+    before = np.empty(m, np.int64)
+    before[0] = np.iinfo(np.int64).min
+    np.maximum.accumulate(ke[:-1], out=before[1:])
+    top = np.where(zero, before <= ke, before < ke)
+    parent[top] = NO_PARENT
+    seen = before.copy()  # the largest end passed over, for the rows without a container
+    active = np.flatnonzero(~top)
+    cand = np.arange(-1, m - 1, dtype=np.int64)
+    seen[active] = np.iinfo(np.int64).min
+    while len(active):
+        c = cand[active]
+        kc, ki = ke[c], ke[active]
+        ok = (kc > ki) | ((kc == ki) & ~zero[active])
+        parent[active[ok]] = c[ok]
+        active, c = active[~ok], c[~ok]
+        seen[active] = np.maximum(seen[active], ke[c])  # active rows are distinct
+        known = parent[c]
+        cand[active] = np.where(known >= 0, known, cand[c])
+        lost = cand[active] < 0  # never: a failed top-level candidate has no container above
+        if lost.any():
+            parent[active[lost]] = NO_PARENT
+            active = active[~lost]
+    crosses = np.flatnonzero(~zero & (seen > ks))
+    return parent, crosses
+
+
+def _depths(parent: np.ndarray) -> np.ndarray:
+    """The number of ancestors of each position, by pointer doubling over the parents."""
+    depth = (parent >= 0).astype(np.int32)
+    up = parent.copy()
+    live = np.flatnonzero(up >= 0)
+    while len(live):
+        a = up[live]
+        depth[live] += depth[a]  # reads the round's old values: synchronous list ranking
+        up[live] = up[a]
+        live = live[up[live] >= 0]
+    return depth
 
 
 def _through(index: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -328,98 +351,20 @@ def _sort_order(ks: np.ndarray, ke: np.ndarray, g: np.ndarray):
     return order, sk
 
 
-def _nest_positive(ks: np.ndarray, ke: np.ndarray):
-    """Depth = ranges opened before me minus those closed by my start; parent = the last range
-    opened before me one level up (exact for well-nested ranges)."""
-    m = len(ks)
-    if m == 0:
-        return np.zeros(0, np.int32), np.zeros(0, np.int64)
-    # Ends are nearly in start order already, which the stable (merge) sort exploits.
-    depth = np.arange(m, dtype=np.int64)
-    depth -= np.searchsorted(np.sort(ke, kind="stable"), ks, side="right")
-    parent = np.full(m, NO_PARENT, dtype=np.int64)
-    counts = np.bincount(depth)  # depth >= 0: what closed by my start opened before me
-    levels = len(counts)
-    if levels > 1:
-        # The positions of each level, in order: a pass per level when there are few, else one
-        # radix sort of the levels (small ints).
-        if levels <= 8:
-            at_level = [np.flatnonzero(depth == d) for d in range(levels)]
-        else:
-            by_level = np.argsort(depth.astype(np.int16) if levels < (1 << 15) else depth,
-                                  kind="stable")
-            at_level = np.split(by_level, np.cumsum(counts)[:-1])
-        for d in range(1, levels):
-            up, here = at_level[d - 1], at_level[d]
-            k = np.searchsorted(up, here) - 1  # the last range one level up before me
-            parent[here] = np.where(k >= 0, up[np.maximum(k, 0)], NO_PARENT)
-    return depth.astype(np.int32), parent
-
-
-def _nest_zero(ks_p, ke_p, depth_p, parent_p, kz):
-    """A zero-length range's parent: the deepest positive range open at its time (start <= t < end).
-
-    Keys of another group never qualify: a range of a lower group ends below every key of ours.
-    """
-    z = len(kz)
-    if z == 0 or len(ks_p) == 0:
-        return np.zeros(z, np.int32), np.full(z, NO_PARENT, np.int64)
-    cand = np.searchsorted(ks_p, kz, side="right") - 1
-    # Climb while the candidate closed at or before t; at most the nesting depth rounds.
-    while True:
-        live = np.flatnonzero(cand >= 0)
-        stale = live[ke_p[cand[live]] <= kz[live]]
-        if len(stale) == 0:
-            break
-        cand[stale] = parent_p[cand[stale]]
-    depth = np.where(cand >= 0, depth_p[np.maximum(cand, 0)] + 1, 0).astype(np.int32)
-    return depth, cand
-
-
 def latest_before(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """For each inner row, the outer row on the same thread that started last at or before it
-    (-1 if none): the candidate enclosing range, or the step_meta a forward joins."""
+    (-1 if none): the candidate enclosing range, or the step_meta a forward joins. Of outer rows
+    that start together the last in row order wins."""
     if len(inner) == 0 or len(outer) == 0:
         return np.full(len(inner), NO_PARENT, dtype=np.int64)
-    found = None
-    if kernels.lib() is not None:
-        found = kernels.latest_before(outer, inner, table.thread, table.start)
-    if found is None:
-        found = _latest_before_packed(table, outer, inner)
-    if found is not None:
-        return found
     import polars as pl
 
     left = pl.DataFrame({"t": table.thread[inner], "s": table.start[inner],
-                         "i": np.arange(len(inner))}).sort("s")
+                         "i": np.arange(len(inner))}).sort("s", maintain_order=True)
     right = pl.DataFrame({"t": table.thread[outer], "s": table.start[outer],
-                          "o": outer.astype(np.int64)}).sort("s")
+                          "o": outer.astype(np.int64)}).sort("s", "o")
+    right = right.unique(["t", "s"], keep="last", maintain_order=True)
     joined = left.join_asof(right, on="s", by="t", strategy="backward", check_sortedness=False)
     found = np.full(len(inner), NO_PARENT, dtype=np.int64)
     found[joined["i"].to_numpy()] = joined["o"].fill_null(NO_PARENT).to_numpy()
-    return found
-
-
-def _latest_before_packed(table: RangeTable, outer: np.ndarray, inner: np.ndarray):
-    """latest_before with (thread, start) packed into int64 keys: one sort of the outer rows
-    (mostly a radix sort of thread ids: rows are in start order per thread) and one search.
-    Of outer rows with equal keys the last in row order wins, as in the as-of join. None where
-    the keys do not pack."""
-    keys = np.unique(table.thread[outer])
-    g_out = np.searchsorted(keys, table.thread[outer])
-    g_in = np.minimum(np.searchsorted(keys, table.thread[inner]), len(keys) - 1)
-    known = keys[g_in] == table.thread[inner]
-    s_out, s_in = table.start[outer], table.start[inner]
-    t0 = min(int(s_out.min()), int(s_in.min()))
-    bits = max(int(s_out.max()) - t0, int(s_in.max()) - t0, 1).bit_length()
-    if int(len(keys)).bit_length() + bits > 62:
-        return None
-    k_out = (g_out << bits) | (s_out - t0)
-    order = packed_order(g_out, k_out)
-    k_out = k_out[order]
-    at = np.searchsorted(k_out, (g_in << bits) | (s_in - t0), side="right") - 1
-    ok = known & (at >= 0)
-    ok[ok] = (k_out[at[ok]] >> bits) == g_in[ok]
-    found = np.full(len(inner), NO_PARENT, dtype=np.int64)
-    found[ok] = outer[order[at[ok]]]
     return found
