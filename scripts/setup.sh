@@ -20,8 +20,9 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     echo "setup: not root; install Prometheus with: sudo apt-get install -y prometheus"
   else
     echo "setup: installing the Debian package prometheus"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null \
-      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; }
+    apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"; }
+    # A fresh image has no package lists yet: fetch them only when the first try needs them.
+    apt_install prometheus >/dev/null || { apt-get update -q >/dev/null && apt_install prometheus >/dev/null; }
   fi
 fi
 

@@ -23,8 +23,8 @@ from tests.kit.server import chat, metrics
 
 pytestmark = pytest.mark.vllm
 
-DASHBOARD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                         "dashboards", "mmscope.json")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DASHBOARD = os.path.join(ROOT, "dashboards", "mmscope.json")
 EMBEDS_PER_IMAGE = 16  # the tiny LLaVA's 32x32 image in 8x8 patches
 CAPACITY = 2048  # vLLM sizes the encoder cache to the step's token budget, set below
 LONG_TEXT = "Describe the picture in detail, " * 40  # over a full KV block after the image
@@ -290,7 +290,7 @@ def evaluate(prom, dash, w: Window, expected) -> list[str]:
 
 
 def test_template_variables_find_the_server(scraped):
-    srv, prom, a, _, _ = scraped
+    srv, prom = scraped[:2]
     values = variable_values(prom, load_dashboard(), filler("1m"))
     assert values == {"job": [JOB], "model_name": [srv.model],
                       "instance": [f"127.0.0.1:{srv.port}"], "engine": ["0"]}
@@ -301,16 +301,16 @@ def test_capacity_is_set_before_the_first_image(scraped):
 
 
 def test_counter_panels_equal_the_truth_from_the_engine_start(scraped):
-    srv, prom, a, _, _ = scraped
+    _, prom, a, _, _ = scraped
     dash = load_dashboard()
-    wrong = evaluate(prom, dash, a, lambda t, r, w, ids: expected_counters(t, r, w, ids))
+    wrong = evaluate(prom, dash, a, expected_counters)
     assert not wrong, "\n".join(wrong)
     unchecked = [k for k, v in a.values.items() if v is None and not k[0].startswith("Stage ")]
     assert not unchecked, f"panels without a truth: {unchecked}"
 
 
 def test_every_panel_equals_the_truth_once_all_series_exist(scraped):
-    srv, prom, _, b, _ = scraped
+    _, prom, _, b, _ = scraped
     dash = load_dashboard()
 
     def expected(title, ref, w, ids):

@@ -30,7 +30,8 @@ def config(target: str) -> str:
 
 
 class Prometheus:
-    """`prometheus` scraping `target` ("host:port", path /metrics) every second, data in `workdir`."""
+    """`prometheus` scraping `target` ("host:port", path /metrics) every second; its
+    configuration, data and log in `workdir`."""
 
     def __init__(self, target: str, workdir: str):
         self.target, self.workdir = target, workdir
