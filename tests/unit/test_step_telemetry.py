@@ -1,9 +1,9 @@
-"""The C step observer against its Python reference (telemetry.StepTelemetry via step_shape_seen):
-same counter, same levels, same step_tokens text, same step_meta events, on vLLM's array types."""
+"""The step's shape from vLLM's persistent InputBatch: exact step_tokens lines and step_meta
+marks, INFO every 50th step, only the first tensor-parallel rank logs, levels read per step."""
 from __future__ import annotations
 
+import functools
 import logging
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,18 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmscope import stages
-from mmscope.emit import step_shape as telemetry, tracing
-from mmscope.emit.chrome import ChromeTraceWriter
-from mmscope.vllm import ranges
-
-
-@pytest.fixture(scope="module")
-def native():
-    if ranges._native_steps is None:
-        if sys.platform.startswith("linux"):
-            pytest.fail("the C step observer was not built (setup.py build_ext)")
-        pytest.skip("the C step observer is optional off Linux")
-    return ranges._native_steps
+from mmscope.emit import step_shape, tracing
+from mmscope.log import logger as mmscope_logger
+from mmscope.vllm import worker
+from mmscope.vllm.patching import Hook
+from tests.kit import traces as tk
 
 
 class Recorder(logging.Handler):
@@ -45,117 +38,160 @@ def a_logger(name: str, level: int) -> tuple[logging.Logger, Recorder]:
     return logger, handler
 
 
-def observers(native, name: str, level: int, first_rank: bool = True, info_every: int = 3):
-    """(C observer, Python observer), each with its own logger at `level`."""
-    c_logger, c_lines = a_logger(name + ".c", level)
-    py_logger, py_lines = a_logger(name + ".py", level)
-    c = native.StepObserver(c_logger, lambda: first_rank, tracing, info_every,
-                            stages.STEP_META_FORMAT, telemetry.STEP_TOKENS_FORMAT,
-                            ranges.batch_shape)
-    py = telemetry.StepTelemetry(py_logger, emit_log=first_rank)
-    py_observe = python_observer(py, info_every)
-    return (c, c_lines), (py_observe, py_lines)
+@functools.cache
+def _input_batch_classes():
+    import torch
+    from vllm import SamplingParams
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+
+    return torch, SamplingParams, CachedRequestState, InputBatch
 
 
-def python_observer(step_telemetry, info_every):
-    def observe(runner, scheduler_output, num_scheduled_tokens):
-        saved, telemetry.INFO_EVERY = telemetry.INFO_EVERY, info_every
-        try:
-            level = step_telemetry.next_step()
-        finally:
-            telemetry.INFO_EVERY = saved
-        if level is not None:
-            step_telemetry.emit(ranges.batch_shape(runner, num_scheduled_tokens), level)
-    return observe
+def runner(rows) -> SimpleNamespace:
+    """A model runner holding vLLM's own InputBatch with one request per (computed, prompt)
+    row, as the runner's persistent batch holds the step's requests."""
+    torch, SamplingParams, CachedRequestState, InputBatch = _input_batch_classes()
+    batch = InputBatch(max_num_reqs=max(8, len(rows)), max_model_len=4096,
+                       max_num_batched_tokens=4096, device=torch.device("cpu"), vocab_size=100,
+                       block_sizes=[16], max_num_blocks_per_req=[256])
+    for i, (computed, prompt) in enumerate(rows):
+        outputs = [1] * max(0, computed - prompt + 1) if computed >= prompt else []
+        batch.add_request(CachedRequestState(f"r{i}", list(range(prompt)), [], SamplingParams(),
+                                             None, ([],), computed, outputs))
+    return SimpleNamespace(input_batch=batch)
 
 
-def runner(computed, prompt, num_reqs, dtype=np.int32):
-    """The attributes the observer reads, as vLLM's InputBatch holds them (numpy views of its
-    persistent CPU tensors, longer than the step's num_reqs rows)."""
-    pad = [0] * 3
-    return SimpleNamespace(input_batch=SimpleNamespace(
-        num_reqs=num_reqs, num_computed_tokens_cpu=np.array(list(computed) + pad, dtype),
-        num_prompt_tokens=np.array(list(prompt) + pad, dtype)))
+def step(telemetry, batch_runner, scheduled):
+    """What inputs_prepared does for one step."""
+    level = telemetry.next_step()
+    if level is not None:
+        telemetry.emit(worker.batch_shape(batch_runner, scheduled), level)
 
 
-rows = st.lists(st.tuples(st.integers(1, 512), st.integers(0, 2048), st.integers(1, 2048)),
-                min_size=1, max_size=32)
+@pytest.fixture(autouse=True)
+def tracing_off():
+    yield
+    tracing.configure("off")
 
 
-@settings(max_examples=60, deadline=None)
-@given(steps=st.lists(rows, min_size=1, max_size=8), dtype=st.sampled_from([np.int32, np.int64]))
-def test_same_lines_as_the_python_observer(native, steps, dtype):
-    (c, c_lines), (py, py_lines) = observers(native, "mmscope.test.steps.same", logging.DEBUG)
-    for step in steps:
-        sched, computed, prompt = (np.array([r[i] for r in step], dtype) for i in range(3))
-        batch = runner(computed, prompt, len(step), dtype)
-        c(batch, None, sched)
-        py(batch, None, sched)
-    assert c.step == len(steps)
-    assert c_lines.lines == py_lines.lines and len(c_lines.lines) == len(steps)
-    assert [level for level, _ in c_lines.lines] == [
-        logging.INFO if k % 3 == 0 else logging.DEBUG for k in range(1, len(steps) + 1)]
+def test_exact_step_tokens_lines_for_given_arrays():
+    logger, lines = a_logger("mmscope.test.steps.exact", logging.DEBUG)
+    telemetry = step_shape.StepTelemetry(logger)
+    # r0 prefills 5 of 5, r1 decodes, r2 prefills a chunk of 3 (2 of 9 computed)
+    batch_runner = runner([(0, 5), (7, 7), (2, 9)])
+    step(telemetry, batch_runner, np.array([5, 1, 3], np.int32))
+    # the persistent batch's rows past num_reqs are not the step's
+    step(telemetry, batch_runner, np.array([2, 1, 4, 99], np.int32))
+    assert lines.lines == [
+        (logging.DEBUG, "step_tokens step=1 prefill=8 decode=1 total=9 num_reqs=3"),
+        (logging.DEBUG, "step_tokens step=2 prefill=6 decode=1 total=7 num_reqs=3")]
 
 
-def test_level_changes_take_effect_on_the_next_step(native):
-    (c, lines), _ = observers(native, "mmscope.test.steps.levels", logging.WARNING)
-    batch, sched = runner([0, 5], [4, 5], 2), np.array([4, 1], np.int32)
-    c(batch, None, sched)  # step 1, DEBUG: not enabled
+def test_step_meta_marks_for_given_arrays(tmp_path):
+    tracing.configure("chrome", str(tmp_path))
+    logger, lines = a_logger("mmscope.test.steps.marks", logging.WARNING)
+    telemetry = step_shape.StepTelemetry(logger)
+    batch_runner = runner([(0, 5), (7, 7), (2, 9)])
+    step(telemetry, batch_runner, np.array([5, 1, 3], np.int32))
+    step(telemetry, runner([(12, 12)]), np.array([1], np.int32))
+    tracing.flush()
+    marks = [r for r in tk.load(tmp_path)[0] if r.name.startswith(stages.STEP_META_PREFIX)]
+    assert [m.name for m in marks] == ["step_meta: prefill=8 decode=1 total=9 reqs=3",
+                                       "step_meta: prefill=0 decode=1 total=1 reqs=1"]
+    assert all(m.start == m.end for m in marks)  # zero-duration
+    assert lines.lines == []  # WARNING: the marks need the shape, the log does not
+
+
+def test_info_every_50th_step_debug_otherwise():
+    logger, lines = a_logger("mmscope.test.steps.info", logging.INFO)
+    telemetry = step_shape.StepTelemetry(logger)
+    batch_runner = runner([(3, 3)])
+    for _ in range(120):
+        step(telemetry, batch_runner, np.array([1], np.int32))
+    assert lines.lines == [
+        (logging.INFO, f"step_tokens step={n} prefill=0 decode=1 total=1 num_reqs=1")
+        for n in (50, 100)]
+    assert step_shape.INFO_EVERY == 50
+
+
+def test_only_the_first_rank_logs(tmp_path):
+    logger, lines = a_logger("mmscope.test.steps.rank", logging.DEBUG)
+    telemetry = step_shape.StepTelemetry(logger, emit_log=False)
+    batch_runner = runner([(0, 4)])
+    assert telemetry.next_step() is None  # tracing off: no rank needs the shape
+    tracing.configure("chrome", str(tmp_path))
+    step(telemetry, batch_runner, np.array([4], np.int32))
+    tracing.flush()
+    assert lines.lines == [] and telemetry.step == 2
+    assert [r.name for r in tk.load(tmp_path)[0]] == [
+        "step_meta: prefill=4 decode=0 total=4 reqs=1"]  # every rank marks its steps
+
+
+def test_level_changes_take_effect_on_the_next_step():
+    logger, lines = a_logger("mmscope.test.steps.levels", logging.WARNING)
+    telemetry = step_shape.StepTelemetry(logger)
+    batch_runner, scheduled = runner([(0, 4), (5, 5)]), np.array([4, 1], np.int32)
+    step(telemetry, batch_runner, scheduled)  # step 1, DEBUG: not enabled
     assert lines.lines == []
-    c.logger.setLevel(logging.DEBUG)
-    c(batch, None, sched)
-    c.logger.setLevel(logging.INFO)
-    c(batch, None, sched)  # step 3 is INFO (every 3rd)
-    c(batch, None, sched)  # step 4, DEBUG: filtered again
+    logger.setLevel(logging.DEBUG)
+    step(telemetry, batch_runner, scheduled)  # step 2
+    logger.setLevel(logging.INFO)
+    for _ in range(48):  # steps 3..50: only the 50th is INFO
+        step(telemetry, batch_runner, scheduled)
+    logger.disabled = True
+    for _ in range(50):  # step 100 is INFO, but the logger is disabled
+        step(telemetry, batch_runner, scheduled)
+    logger.disabled = False
     assert lines.lines == [
         (logging.DEBUG, "step_tokens step=2 prefill=4 decode=1 total=5 num_reqs=2"),
-        (logging.INFO, "step_tokens step=3 prefill=4 decode=1 total=5 num_reqs=2")]
-    c.logger.disabled = True
-    c(batch, None, sched)
-    c(batch, None, sched)  # step 6 is INFO, but the logger is disabled
-    c.logger.disabled = False
-    assert len(lines.lines) == 2 and c.step == 6
+        (logging.INFO, "step_tokens step=50 prefill=4 decode=1 total=5 num_reqs=2")]
+    assert telemetry.step == 100
 
 
-def test_only_the_first_rank_logs(native):
-    (c, lines), _ = observers(native, "mmscope.test.steps.rank", logging.DEBUG, first_rank=False)
-    c(runner([0], [4], 1), None, np.array([4], np.int32))
-    assert lines.lines == [] and c.emit_log == 0 and c.step == 1
+rows = st.lists(st.tuples(st.integers(1, 64), st.integers(0, 512), st.integers(1, 512)),
+                min_size=1, max_size=8)
 
 
-def test_unusual_arrays_give_the_same_answer(native):
-    """A list or a big-endian array takes the Python road; a strided view stays in C."""
-    (c, c_lines), (py, py_lines) = observers(native, "mmscope.test.steps.odd", logging.DEBUG)
-    for sched, batch in (([4, 2], runner([0, 3], [4, 9], 2)),
-                         (np.array([4, 2], ">i4"), runner([0, 3], [4, 9], 2)),
-                         (np.array([4, 7, 2, 9], np.int32)[::2], runner([0, 3], [4, 9], 2))):
-        c(batch, None, sched)
-        py(batch, None, sched)
-    assert c_lines.lines == py_lines.lines
-    assert [m.split(" ", 2)[2] for _, m in c_lines.lines] == [
-        "prefill=6 decode=0 total=6 num_reqs=2"] * 3
+@settings(max_examples=25, deadline=None)
+@given(steps=st.lists(rows, min_size=1, max_size=4))
+def test_lines_equal_a_plain_count_of_the_batch(steps):
+    logger, lines = a_logger("mmscope.test.steps.property", logging.DEBUG)
+    telemetry = step_shape.StepTelemetry(logger)
+    expected = []
+    for n, batch_rows in enumerate(steps, 1):
+        scheduled = [s for s, _, _ in batch_rows]
+        step(telemetry, runner([(c, p) for _, c, p in batch_rows]), np.array(scheduled, np.int32))
+        prefill = sum(s for s, c, p in batch_rows if c < p)
+        expected.append((logging.DEBUG, f"step_tokens step={n} prefill={prefill} "
+                         f"decode={sum(scheduled) - prefill} total={sum(scheduled)} "
+                         f"num_reqs={len(batch_rows)}"))
+    assert lines.lines == expected
 
 
-def test_step_meta_events_match(native, tmp_path):
-    tracing.configure("chrome", str(tmp_path))
+class ModelRunner:  # GPUModelRunner._prepare_inputs' signature
+    def __init__(self, rows):
+        self.input_batch = runner(rows).input_batch
+
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+        return ("prepared", scheduler_output)
+
+
+def test_the_step_shape_hook_logs_on_mmscopes_logger_and_keeps_the_result(caplog):
+    hook = Hook("test.step_shape", f"{__name__}:ModelRunner._prepare_inputs",
+                ("self", "scheduler_output", "num_scheduled_tokens"), worker.inputs_prepared,
+                "telemetry", "worker")
+    model_runner = ModelRunner([(0, 6), (9, 9)])
+    hook.apply()
     try:
-        (c, _), (py, _) = observers(native, "mmscope.test.steps.marks", logging.WARNING)
-        writer = ChromeTraceWriter.for_process(str(tmp_path))
-        batch, sched = runner([0, 7, 2], [5, 7, 9], 3), np.array([5, 1, 3], np.int32)
-        c(batch, None, sched)
-        py(batch, None, sched)
-        names = [e[0] for e in writer.pending if e[0].startswith(stages.STEP_META_PREFIX)]
-        assert names == ["step_meta: prefill=8 decode=1 total=9 reqs=3"] * 2
-        marks = [e for e in writer.pending if e[0] == names[0]]
-        assert all(t0 == t1 for _, t0, t1, _ in marks)
+        first = worker._telemetry().step + 1  # one counter per process
+        with caplog.at_level(logging.DEBUG, logger=mmscope_logger.name):
+            assert model_runner._prepare_inputs("out", np.array([6, 1], np.int32)) == (
+                "prepared", "out")
+            assert model_runner._prepare_inputs("out", np.array([1, 1], np.int32)) == (
+                "prepared", "out")
     finally:
-        tracing.configure("off")
-
-
-def test_the_observer_is_c_where_built():
-    observer = ranges.step_observer()
-    assert observer is ranges.step_observer()  # one per process: its counter spans engines
-    if ranges._native_steps is not None:
-        assert isinstance(observer, ranges._native_steps.StepObserver)
-    else:
-        assert observer is ranges.step_shape_seen
+        hook.revert()
+    ours = [(r.name, r.getMessage()) for r in caplog.records if "step_tokens" in r.getMessage()]
+    assert ours == [
+        ("vllm.mmscope", f"step_tokens step={first} prefill=6 decode=1 total=7 num_reqs=2"),
+        ("vllm.mmscope", f"step_tokens step={first + 1} prefill=1 decode=1 total=2 num_reqs=2")]
