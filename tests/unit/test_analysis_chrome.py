@@ -173,3 +173,64 @@ def test_a_folder_of_per_process_traces_is_one_profile(tmp_path):
     empty.mkdir()
     with pytest.raises(UserError, match="a folder without Chrome trace files"):
         load_profile(str(empty))
+
+
+# --- clocks: each file's is known; a folder is one profile only on one clock ------------------
+def torch_trace(path, base_ns: int, pid: int, spans) -> None:
+    """A torch profiler trace as Kineto writes it: times relative to its base on UTC."""
+    path.write_text(json.dumps({
+        "schemaVersion": 1, "deviceProperties": [], "baseTimeNanoseconds": base_ns,
+        "traceEvents": [{"ph": "X", "cat": "user_annotation", "name": name, "ts": s / 1000,
+                         "dur": (e - s) / 1000, "pid": pid, "tid": pid} for name, s, e in spans]}))
+
+
+def test_clock_of_each_kind_of_file(tmp_path):
+    from mmscope.emit.chrome import ChromeTraceWriter
+
+    ours = tmp_path / "mmscope.trace.json"
+    writer = ChromeTraceWriter(str(ours))
+    writer.pending = [(stages.FORWARD, 10, 20, 1)]
+    writer._new_threads = []
+    writer.flush()
+    doc = chrome._parse(str(ours))
+    clock = chrome.clock_of(doc, chrome._events(str(ours), doc))
+    assert clock.domain == "CLOCK_MONOTONIC" and isinstance(clock.wall_offset_ns, int)
+    torch_trace(tmp_path / "torch.json", 1_700_000_000_000_000_000, 5, [("a", 0, 10)])
+    doc = chrome._parse(str(tmp_path / "torch.json"))
+    assert chrome.clock_of(doc, doc["traceEvents"]) == chrome.Clock(
+        chrome.TORCH, 1_700_000_000_000_000_000)
+    assert load(str(tmp_path / "torch.json")).clock == chrome.TORCH
+
+
+def test_torch_traces_of_several_ranks_align_on_their_base_times(tmp_path):
+    from mmscope.analyze.formats import load_profile
+
+    base = 1_700_000_000_000_000_000
+    torch_trace(tmp_path / "rank0.json", base, 100, [(stages.FORWARD, 1_000, 5_000)])
+    torch_trace(tmp_path / "rank1.json", base + 250, 200, [(stages.FORWARD, 1_000, 5_000)])
+    t = load_profile(str(tmp_path))
+    assert sorted(int(s) for s in t.start) == [base + 1_000, base + 1_250]
+    assert t.clock.startswith("UTC")
+
+
+def test_a_torch_trace_beside_mmscope_traces_is_refused(tmp_path):
+    """Two recordings of the same run on two clocks: refused in one line, not merged (which
+    gave a 61-day span and every forward twice)."""
+    import subprocess
+    import sys
+
+    from mmscope.analyze.formats import load_profile
+    from mmscope.emit.chrome import ChromeTraceWriter
+
+    torch_trace(tmp_path / "torch.json", 1_700_000_000_000_000_000, 9,
+                [(stages.FORWARD, 1_000, 5_000)])
+    writer = ChromeTraceWriter(str(tmp_path / "mmscope-9.trace.json"))
+    writer.pending = [(stages.FORWARD, 5_270_400_000_000_000, 5_270_400_000_004_000, 9)]
+    writer._new_threads = []
+    writer.flush()
+    with pytest.raises(UserError, match="traces on different clocks .*analyze each on its own"):
+        load_profile(str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "mmscope.cli", "analyze", str(tmp_path),
+                           "--no-cache"], capture_output=True, text=True)
+    assert done.returncode != 0 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("mmscope: error: ") and "different clocks" in done.stderr

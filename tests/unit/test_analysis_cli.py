@@ -131,3 +131,28 @@ def test_nsys_rep_without_and_with_nsys(profile, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "exporting" in done.stderr
     assert json.loads(done.stdout)["steps"]["pairs"] == 3
+
+
+@pytest.mark.parametrize("command", ["analyze", "compare"])
+@pytest.mark.parametrize("workers", ["0", "-3"])
+def test_workers_below_one_is_a_one_line_error(profile, command, workers):
+    paths = [profile] if command == "analyze" else [profile, profile]
+    done = mmscope(command, "--workers", workers, *paths)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0] == f"mmscope: error: --workers: needs 1 or more threads, not {workers}"
+
+
+def test_workers_read_the_same_numbers(profile):
+    one = json.loads(mmscope("analyze", "--json", "--no-cache", "--workers", "1", profile).stdout)
+    two = json.loads(mmscope("analyze", "--json", "--no-cache", "--workers", "2", profile).stdout)
+    assert one == two
+
+
+def test_json_through_a_pipe_that_closes_early(profile):
+    """`mmscope analyze --json FILE | head -1`: the JSON goes through stdout, and a reader that
+    leaves early ends the command without a traceback."""
+    cmd = f"{sys.executable} -m mmscope.cli analyze --json --no-cache {profile} | head -1"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True)
+    assert done.stdout.strip() == "{"
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
