@@ -3,25 +3,29 @@ the API server's PrometheusStatLogger hook does with each SchedulerStats that ca
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace as NS
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mmscope.carry.ledger import Decision, EncoderCacheLedger, Item
-from mmscope.vllm import stat_loggers as sl
+from mmscope.carry.ledger import SOURCES, Decision, EncoderCacheLedger, Item
+from mmscope.expose.metrics import COUNTERS, LABELED, EncoderCacheProm
+
+ENGINES = {0: ["tiny", "0"], 1: ["tiny", "1"]}
 
 
-def _prom():
+def _prom(modalities=(), capacity=None, engines=None):
     registry = CollectorRegistry()
     classes = (functools.partial(cls, registry=registry) for cls in (Counter, Gauge, Histogram))
-    return registry, sl.EncoderCacheProm(*classes, {0: ["tiny", "0"]})
+    return registry, EncoderCacheProm(*classes, engines or {0: ["tiny", "0"]}, modalities,
+                                      capacity)
 
 
-def _samples(registry) -> dict[tuple, float]:
+def _samples(registry, engine="0") -> dict[tuple, float]:
     return {(s.name, s.labels.get("source") or s.labels.get("modality")): s.value
             for family in text_string_to_metric_families(generate_latest(registry).decode())
-            for s in family.samples if not s.name.endswith("_created")}
+            for s in family.samples
+            if not s.name.endswith("_created") and s.labels.get("engine") == engine
+            and not s.name.startswith("vllm:mm_stage_duration")}
 
 
 def _wire(*decisions: tuple[int, Decision, str]) -> dict[str, int]:
@@ -48,38 +52,67 @@ def test_two_emissions_add_up_per_key_and_the_gauges_take_the_last():
     assert s[("vllm:encoder_cache_hits_by_modality_total", "video")] == 1
     assert s[("vllm:encoder_cache_usage_embeds", None)] == 48
     assert s[("vllm:encoder_cache_capacity_embeds", None)] == 256
+    prom.observe({"usage_embeds": 16, "capacity_embeds": 256}, 0)
+    assert _samples(registry)[("vllm:encoder_cache_usage_embeds", None)] == 16
 
 
 def test_a_gauge_goes_back_to_zero_and_unknown_keys_or_engines_are_ignored():
     registry, prom = _prom()
     prom.observe({"usage_embeds": 48, "capacity_embeds": 256}, 0)
     prom.observe({"usage_embeds": 0, "capacity_embeds": 256, "requests": 3, "later_field": 1,
-                  "later_group:x": 1, "hits:odd_label": 1}, 0)
+                  "later_group:x": 1}, 0)
     prom.observe({"queries": 5}, 7)  # an engine this logger does not serve
     s = _samples(registry)
     assert s[("vllm:encoder_cache_usage_embeds", None)] == 0
     assert s[("vllm:encoder_cache_queries_total", None)] == 0
     assert s[("vllm:encoder_cache_hits_total", None)] == 0
+    assert not any(label == "x" for _, label in s)
 
 
-def test_the_manager_hook_feeds_every_logger_of_vllms_manager():
-    """StatLoggerManager.record's observer: our series on the Prometheus logger, and a hit-rate
-    window on each logging logger, per engine behind vLLM's adapter or aggregated."""
-    from vllm.v1.metrics.loggers import (AggregatedLoggingStatLogger, LoggingStatLogger,
-                                         PerEngineStatLoggerAdapter)
-
+def test_a_label_on_a_series_without_that_label_is_ignored():
+    """A wire key `hits:x` names no series (hits has no extra label): ignored like any unknown
+    key, not an error that would turn the stat_loggers.record hook off."""
     registry, prom = _prom()
-    prometheus_logger = NS(_mmscope_prom=prom)
-    per_engine = {0: object.__new__(LoggingStatLogger), 1: object.__new__(LoggingStatLogger)}
-    adapter = object.__new__(PerEngineStatLoggerAdapter)
-    adapter.per_engine_stat_loggers = per_engine
-    aggregated = object.__new__(AggregatedLoggingStatLogger)
-    manager = NS(stat_loggers=[adapter, aggregated, prometheus_logger, NS()])  # NS(): a custom one
-    wire = _wire((0, Decision.COMPUTE, "image"), (1, Decision.LOCAL_HIT, "image"))
-    sl.stats_recorded(None, manager, scheduler_stats=NS(encoder_cache_stats=wire,
-                                                        mm_stage_durations=None),
-                      iteration_stats=None, mm_cache_stats=None)  # engine_idx omitted: 0
-    assert _samples(registry)[("vllm:encoder_cache_hits_total", None)] == 1
-    assert per_engine[0]._mmscope_window.hit_rate == 0.5
-    assert aggregated._mmscope_window.hit_rate == 0.5
-    assert "_mmscope_window" not in vars(per_engine[1])  # another engine's logger
+    prom.observe({"hits:odd_label": 1, "queries": 2}, 0)
+    s = _samples(registry)
+    assert s[("vllm:encoder_cache_hits_total", None)] == 0
+    assert s[("vllm:encoder_cache_queries_total", None)] == 2
+
+
+def test_every_labelled_series_exists_at_zero_before_any_count():
+    """rate() and increase() see a series rise only from a sample at 0: every source, every
+    modality given and every engine is there from the start, the capacity at its value."""
+    registry, prom = _prom(["audio", "image"], capacity=8192, engines=ENGINES)
+    expected = {(name + "_total", None): 0.0 for name, _ in COUNTERS.values()}
+    expected.update({("vllm:encoder_cache_hits_by_source_total", src): 0.0 for src in SOURCES})
+    for key, (name, extra, _) in LABELED.items():
+        if extra == "modality":
+            expected.update({(name + "_total", m): 0.0 for m in ("audio", "image")})
+    expected[("vllm:encoder_cache_usage_embeds", None)] = 0.0
+    expected[("vllm:encoder_cache_capacity_embeds", None)] = 8192.0
+    for engine in ("0", "1"):
+        assert _samples(registry, engine) == expected
+
+
+def test_a_text_only_model_has_its_source_series_and_no_capacity():
+    registry, prom = _prom([], capacity=None)
+    s = _samples(registry)
+    assert {src for (name, src) in s if name == "vllm:encoder_cache_hits_by_source_total"} == \
+        set(SOURCES)
+    assert not any("by_modality" in name for name, _ in s)
+    assert s[("vllm:encoder_cache_capacity_embeds", None)] == 0
+
+
+def test_prefix_covered_items_are_their_own_series_and_no_query():
+    registry, prom = _prom(["image"])
+    ledger = EncoderCacheLedger()
+    ledger.prefix_covered(Item("r", 0, "image", "k0", 16))
+    ledger.propose(Item("r", 1, "image", "k1", 16), Decision.COMPUTE)
+    ledger.commit_step({"r"}, {"r": [1]})
+    prom.observe(ledger.drain().to_wire(), 0)
+    s = _samples(registry)
+    assert s[("vllm:encoder_cache_prefix_covered_total", None)] == 1
+    assert s[("vllm:encoder_cache_prefix_covered_by_modality_total", "image")] == 1
+    assert s[("vllm:encoder_cache_queries_total", None)] == 1
+    assert s[("vllm:encoder_cache_misses_total", None)] == 1
+    assert s[("vllm:encoder_cache_hits_total", None)] == 0
