@@ -2,8 +2,9 @@
 panel's expression, template variables filled in, equals the truth of a scripted workload.
 
 Window A runs from the engine's start, so a series that appears only at its first non-zero value
-makes `rate()` miss that value and its panel read wrong. Window B follows A, once every stage
-series exists, and checks the stage histograms against the server's own bucket counts.
+makes `rate()` miss that value and its panel read wrong. Windows B and C follow, once every stage
+series exists, and check the stage histograms against the server's own bucket counts too; C
+fills the encoder cache past its capacity.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import httpx
 import pytest
@@ -26,7 +28,7 @@ pytestmark = pytest.mark.vllm
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DASHBOARD = os.path.join(ROOT, "dashboards", "mmscope.json")
 EMBEDS_PER_IMAGE = 16  # the tiny LLaVA's 32x32 image in 8x8 patches
-CAPACITY = 2048  # vLLM sizes the encoder cache to the step's token budget, set below
+CAPACITY = 512  # vLLM sizes the encoder cache to the step's token budget, set below: 32 images
 LONG_TEXT = "Describe the picture in detail, " * 40  # over a full KV block after the image
 OURS = re.compile(r"^vllm:(encoder_cache_|mm_stage_)")
 PROBE = "vllm:encoder_cache_queries_total"
@@ -66,6 +68,11 @@ TRUTH_B = Truth(queries=4, hits=1, misses=3, by_source={"local": 1, "in_step": 0
                 prefix_covered=0, mm_queries=4, mm_hits=1,
                 usage_embeds=10 * EMBEDS_PER_IMAGE)
 ENCODER_FORWARDS_B = 3
+# Window C: new images past the cache's capacity, one at a time. 160 of 512 embeds are held after
+# B, so 22 more fit; each one after that evicts one (16-embed) entry.
+WINDOW_C = [([100 + i], "What is this?") for i in range(25)]
+TRUTH_C = Truth(queries=25, hits=0, misses=25, by_source={"local": 0, "in_step": 0, "connector": 0},
+                prefix_covered=0, mm_queries=25, mm_hits=0, usage_embeds=CAPACITY, evictions=3)
 ENCODER_STAGE = "gpu_model_runner: vit_forward"
 
 
@@ -89,6 +96,15 @@ class Window:
         """(evaluation time, range) taking in exactly the samples from `start` to `end`."""
         at = self.end + 0.001
         return at, f"{round((at - self.start + 0.001) * 1000)}ms"
+
+
+class Scraped(NamedTuple):
+    srv: object
+    prom: Prometheus
+    a: Window
+    b: Window
+    c: Window
+    capacity_at_start: float | None
 
 
 def load_dashboard() -> dict:
@@ -131,7 +147,7 @@ def run_window(srv, prom, workload, truth: Truth) -> Window:
 
 @pytest.fixture(scope="module")
 def scraped(tiny_model, tmp_path_factory):
-    """(server, prometheus, window A, window B, capacity at start) on one fresh server."""
+    """Windows A, B and C on one fresh server."""
     from mmscope.demo.serve import VllmServer
 
     base = tmp_path_factory.mktemp("prometheus")
@@ -142,7 +158,12 @@ def scraped(tiny_model, tmp_path_factory):
         at_start = metrics(srv.url).get("encoder_cache_capacity_embeds")
         a = run_window(srv, prom, WINDOW_A, TRUTH_A)
         b = run_window(srv, prom, WINDOW_B, TRUTH_B)
-        yield srv, prom, a, b, at_start
+        c = run_window(srv, prom, WINDOW_C, TRUTH_C)
+        yield Scraped(srv, prom, a, b, c, at_start)
+
+
+def expected_any(title: str, ref: str, w: Window, ids: dict[str, str]) -> dict | None:
+    return expected_counters(title, ref, w, ids) or expected_stages(title, ref, w)
 
 
 def variable_values(prom, dash, fill) -> dict[str, list[str]]:
@@ -290,41 +311,42 @@ def evaluate(prom, dash, w: Window, expected) -> list[str]:
 
 
 def test_template_variables_find_the_server(scraped):
-    srv, prom = scraped[:2]
+    srv, prom = scraped.srv, scraped.prom
     values = variable_values(prom, load_dashboard(), filler("1m"))
     assert values == {"job": [JOB], "model_name": [srv.model],
                       "instance": [f"127.0.0.1:{srv.port}"], "engine": ["0"]}
 
 
 def test_capacity_is_set_before_the_first_image(scraped):
-    assert scraped[4] == CAPACITY  # else the occupancy panels read NaN after each start
+    assert scraped.capacity_at_start == CAPACITY  # else the occupancy panels read NaN after each start
 
 
 def test_counter_panels_equal_the_truth_from_the_engine_start(scraped):
-    _, prom, a, _, _ = scraped
-    dash = load_dashboard()
-    wrong = evaluate(prom, dash, a, expected_counters)
+    a = scraped.a
+    wrong = evaluate(scraped.prom, load_dashboard(), a, expected_counters)
     assert not wrong, "\n".join(wrong)
     unchecked = [k for k, v in a.values.items() if v is None and not k[0].startswith("Stage ")]
     assert not unchecked, f"panels without a truth: {unchecked}"
 
 
 def test_every_panel_equals_the_truth_once_all_series_exist(scraped):
-    _, prom, _, b, _ = scraped
-    dash = load_dashboard()
-
-    def expected(title, ref, w, ids):
-        return expected_counters(title, ref, w, ids) or expected_stages(title, ref, w)
-
-    wrong = evaluate(prom, dash, b, expected)
+    b = scraped.b
+    wrong = evaluate(scraped.prom, load_dashboard(), b, expected_any)
     assert not wrong, "\n".join(wrong)
     assert all(v is not None for v in b.values.values()), b.values
     forwards = b.values[("Stage calls / s", "A")][(("stage", ENCODER_STAGE),)] * b.seconds
     assert round(forwards, 6) == ENCODER_FORWARDS_B
 
 
+def test_every_panel_equals_the_truth_past_the_capacity(scraped):
+    c = scraped.c
+    wrong = evaluate(scraped.prom, load_dashboard(), c, expected_any)
+    assert not wrong, "\n".join(wrong)
+    assert all(v is not None for v in c.values.values()), c.values
+
+
 def test_promtool_finds_only_the_colon_rule_in_our_series(scraped):
-    srv = scraped[0]
+    srv = scraped.srv
     complaints = check_metrics(httpx.get(srv.url + "/metrics", timeout=30).text)
     ours = [c for c in complaints if OURS.match(c)]
     colon = " metric names should not contain ':'"
