@@ -1,12 +1,20 @@
-"""The stage-duration histogram's batch path: the same exposition as one observe() per value."""
+"""The stage-duration histogram: the same exposition as one Histogram.observe() per value, and
+the worker's durations sent to a scheduler in another process, never to vLLM's shared output."""
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from mmscope.vllm import stat_loggers as sl
+from mmscope.emit.stage_timer import WORKER
+from mmscope.expose.metrics import STAGE_BUCKETS, STAGE_HISTOGRAM, EncoderCacheProm
+from mmscope.vllm import worker
+from mmscope.vllm.patching import Hook
+from mmscope.vllm.scheduler import SENT_DURATIONS
+
+STAGE = "gpu_model_runner: vit_forward"
 
 
 def _exposition(registry) -> list[str]:
@@ -14,96 +22,99 @@ def _exposition(registry) -> list[str]:
             if "_created" not in line]
 
 
-def _histogram():
+def _ours():
     registry = CollectorRegistry()
-    return registry, Histogram("stage_seconds", "d", ["stage"], buckets=sl.STAGE_BUCKETS,
-                               registry=registry).labels("s")
+    classes = (functools.partial(cls, registry=registry) for cls in (Counter, Gauge, Histogram))
+    prom = EncoderCacheProm(*classes, {0: ["tiny", "0"], 1: ["tiny", "1"]})
+    return registry, prom
+
+
+def _reference():
+    registry = CollectorRegistry()
+    histogram = Histogram(STAGE_HISTOGRAM[0], STAGE_HISTOGRAM[1], ["model_name", "engine", "stage"],
+                          buckets=STAGE_BUCKETS, registry=registry)
+    return registry, histogram
+
+
+def _histogram_lines(registry) -> list[str]:
+    return [line for line in _exposition(registry) if line.startswith(STAGE_HISTOGRAM[0])]
 
 
 def _durations(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     # Values on and right next to every bucket bound, where float and integer comparisons
     # could disagree, plus a spread of ordinary ones up to 20 s.
-    edges = [round(b * 1e9) + d for b in sl.STAGE_BUCKETS for d in (-1, 0, 1)]
+    edges = [round(b * 1e9) + d for b in STAGE_BUCKETS for d in (-1, 0, 1)]
     return [rng.choice(edges) if rng.random() < 0.5 else rng.randint(0, 20 * 10**9)
             for _ in range(n)]
 
 
-def test_bucket_counts_equal_observe_for_small_and_large_batches(wrapper_road):
-    for n in (1, 3, 15, 16, 500):
-        ref_registry, ref = _histogram()
-        registry, child = _histogram()
-        values = _durations(n, seed=n)
-        for d in values:
-            ref.observe(d / 1e9)
-        sl.observe_many(child, values)
-        ours, theirs = _exposition(registry), _exposition(ref_registry)
-        assert [l for l in ours if "_sum" not in l] == [l for l in theirs if "_sum" not in l]
-        total = next(float(l.split()[-1]) for l in ours if "_sum" in l)
-        assert abs(total - sum(values) / 1e9) <= 1e-9 * max(1.0, total)
+@pytest.mark.parametrize("n", [1, 3, 16, 500])
+def test_bucket_counts_equal_histogram_observe(n):
+    registry, prom = _ours()
+    ref_registry, ref = _reference()
+    values = _durations(n, seed=n)
+    half = n // 2
+    # two drains of one stage, and a second stage, as the API server receives them
+    prom.observe_stages({STAGE: values[:half], "mm:hash:pil_image": values[:3]}, 0)
+    prom.observe_stages({STAGE: values[half:]}, 0)
+    for d in values:
+        ref.labels("tiny", "0", STAGE).observe(d / 1e9)
+    for d in values[:3]:
+        ref.labels("tiny", "0", "mm:hash:pil_image").observe(d / 1e9)
+    assert sorted(_histogram_lines(registry)) == sorted(_histogram_lines(ref_registry))
 
 
-def test_values_of_another_class_are_added_through_their_inc(wrapper_road):
-    # The multiprocess value class (MmapedValue) is not updated in place: its inc() writes a file.
-    class FileValue:
-        def __init__(self):
-            self.added = []
-
-        def inc(self, amount):
-            self.added.append(amount)
-
-    child = type("Child", (), {})()
-    child._buckets = [FileValue() for _ in sl.THRESHOLDS_NS]
-    child._sum = FileValue()
-    sl.observe_many(child, [5_000, 5_000, 2_000_000, 20 * 10**9])
-    assert {i: sum(v.added) for i, v in enumerate(child._buckets) if v.added} == {
-        0: 2, sl.STAGE_BUCKETS.index(2.5e-3): 1, len(sl.STAGE_BUCKETS): 1}
-    assert child._sum.added == [pytest.approx(20.00201)]
-
-
-def test_a_child_without_prometheus_internals_gets_plain_observe():
-    seen = []
-
-    class RayLikeHistogram:  # vLLM's Ray wrappers expose observe() only
-        def observe(self, value):
-            seen.append(value)
-
-    sl.observe_many(RayLikeHistogram(), [1_500, 2_000_000_000])
-    assert seen == [1.5e-6, 2.0]
+def test_stages_go_to_their_engine_and_unknown_engines_are_ignored():
+    registry, prom = _ours()
+    prom.observe_stages({STAGE: [2_000_000]}, 1)
+    prom.observe_stages({STAGE: [5]}, 9)
+    lines = _histogram_lines(registry)
+    counts = {line.split("{")[1].split("}")[0]: float(line.split()[-1])
+              for line in lines if "_count" in line}
+    assert counts == {f'engine="1",model_name="tiny",stage="{STAGE}"': 1.0}
 
 
 class FakeRunner:  # a model runner stand-in: execute_model returns an object with a __dict__
     def execute_model(self, scheduler_output):
-        return type("Output", (), {})()
+        return scheduler_output if scheduler_output is not None else type("Output", (), {})()
 
 
-def test_worker_durations_ride_on_the_output_only_to_a_scheduler_in_another_process():
-    from mmscope.emit.stage_timer import WORKER
-    from mmscope.vllm.patching import Hook
-    from mmscope.vllm.ranges import worker_timings_attached
-
-    original = FakeRunner.execute_model
+@pytest.fixture
+def sending_hook():
     hook = Hook("stage_metrics.test", f"{__name__}:FakeRunner.execute_model",
-                ("self", "scheduler_output"), worker_timings_attached, "metrics", "worker")
+                ("self", "scheduler_output"), worker.durations_sent("stage_metrics.test"),
+                "metrics", "worker")
     saved = WORKER.collected_in_process
-    try:
-        WORKER.drain()
-        WORKER.collected_in_process = False  # a worker process of a multiprocess executor
-        assert hook.apply() == "applied" and FakeRunner.execute_model is not original
-        WORKER.record("gpu_model_runner: gather_mm_embeddings", 1_000)
-        out = FakeRunner().execute_model(None)
-        assert out._mmscope_stage_durations == {"gpu_model_runner: gather_mm_embeddings": [1_000]}
-        assert not WORKER.pending
-        WORKER.collected_in_process = True  # the scheduler shares this process: it drains WORKER
-        WORKER.record("gpu_model_runner: gather_mm_embeddings", 2_000)
-        out = FakeRunner().execute_model(None)
-        assert not hasattr(out, "_mmscope_stage_durations") and WORKER.pending
-        # ... and the hook has nothing left to do here: vLLM's method is back, at no cost.
-        assert FakeRunner.execute_model is original
-        assert hook.describe().startswith("retired: the scheduler shares this process")
-        hook.revert()
-        assert FakeRunner.execute_model is original and hook.describe() == "not applied"
-    finally:
-        hook.revert()
-        WORKER.drain()
-        WORKER.collected_in_process = saved
+    WORKER.drain()
+    assert hook.apply() == "applied"
+    yield hook
+    hook.revert()
+    WORKER.drain()
+    WORKER.collected_in_process = saved
+
+
+def test_worker_durations_ride_on_the_output_only_to_a_scheduler_in_another_process(sending_hook):
+    WORKER.collected_in_process = False  # a worker process of a multiprocess executor
+    WORKER.record("gpu_model_runner: gather_mm_embeddings", 1_000)
+    out = FakeRunner().execute_model(None)
+    assert getattr(out, SENT_DURATIONS) == {"gpu_model_runner: gather_mm_embeddings": [1_000]}
+    assert not WORKER.pending
+    out = FakeRunner().execute_model(None)  # nothing pending: nothing sent
+    assert not hasattr(out, SENT_DURATIONS)
+    WORKER.collected_in_process = True  # the scheduler shares this process: it drains WORKER
+    WORKER.record("gpu_model_runner: gather_mm_embeddings", 2_000)
+    out = FakeRunner().execute_model(None)
+    assert not hasattr(out, SENT_DURATIONS) and WORKER.pending
+
+
+def test_vllms_shared_empty_output_is_never_written_to(sending_hook):
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
+
+    WORKER.collected_in_process = False
+    WORKER.record("gpu_model_runner: vit_forward", 3_000)
+    assert FakeRunner().execute_model(EMPTY_MODEL_RUNNER_OUTPUT) is EMPTY_MODEL_RUNNER_OUTPUT
+    assert not hasattr(EMPTY_MODEL_RUNNER_OUTPUT, SENT_DURATIONS)
+    assert WORKER.pending  # they wait for the next real output
+    out = FakeRunner().execute_model(None)
+    assert getattr(out, SENT_DURATIONS) == {"gpu_model_runner: vit_forward": [3_000]}
