@@ -298,3 +298,31 @@ def test_add_arguments_defaults():
     add_arguments(parser)
     args = parser.parse_args(["--url", "http://h"])
     assert args.reuse == [0, 0.5, 0.9] and args.image_size == (224, 224) and args.seed is None
+
+
+def test_the_prefix_plan_repeats_whole_requests_with_their_long_text():
+    from mmscope.load import plan
+
+    level = plan.build(7, [0.5], 10, 2, (32, 32), prefix=True).levels[0]
+    repeats = [r for r in level.requests if r.all_repeats]
+    assert len(repeats) == 5 and level.planned_hits == 10 and level.distinct == 10
+    originals = {(r.images, r.text) for r in level.requests if not any(r.repeats)}
+    assert all((r.images, r.text) in originals for r in repeats)  # each resends one whole
+    assert not level.requests[0].all_repeats  # the first has nothing to repeat
+    assert all(len(r.text.split()) > plan.PREFIX_WORDS for r in level.requests)
+    assert len({r.text for r in level.requests}) == 5  # new requests differ from each other
+
+
+def test_prefix_covered_items_count_as_avoided_hits_in_the_verdict():
+    from mmscope.load import plan
+    from mmscope.load.verdict import Observed, judge
+
+    level = plan.build(7, [0.5], 4, 1, (32, 32), prefix=True).levels[0]
+    spared = judge(level, Observed(queries=2, hits=0, evictions=0, capacity_embeds=64,
+                                   embeds_per_image=16, prefix_covered=2))
+    assert spared.status == "match"
+    assert spared.text == "hits match the plan (2 of 2) (0 hits, 2 prefix-covered)"
+    short = judge(level, Observed(queries=3, hits=0, evictions=0, capacity_embeds=64,
+                                  embeds_per_image=16, prefix_covered=1))
+    assert short.status == "unexplained" and short.text.startswith(
+        "1 of 2 planned hits (0 hits, 1 prefix-covered); 1 hits missing")

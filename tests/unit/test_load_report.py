@@ -95,7 +95,7 @@ def quiet_level() -> LevelResult:
 BUSY_JSON = {
     "reuse": 0.5, "requests": 6, "images": 6, "distinct_images": 3, "planned_hits": 3,
     "planned_hit_rate": 0.5, "observed_queries": 7, "observed_hits": 2, "observed_misses": 5,
-    "observed_hit_rate": 0.2857,
+    "observed_hit_rate": 0.2857, "observed_prefix_covered": 0, "observed_avoided_rate": 0.3333,
     "hits_by_source": {"local": 1, "in_step": 0, "connector": 1},
     "deferrals": 3, "evictions": 1, "capacity_embeds": 32, "embeds_per_image": 16,
     "capacity_allows_hits": LRU_AT_32,
@@ -126,7 +126,7 @@ def test_run_json_holds_the_run_and_every_level():
     levels = out.pop("levels")
     assert out == {"url": "http://x:1", "model": "m", "seed": 5, "requests_per_level": 6,
                    "images_per_request": 1, "concurrency": 2, "image_size": [32, 24],
-                   "embeds_per_image": 16, "ok": True}
+                   "embeds_per_image": 16, "prefix_plan": False, "ok": True}
     assert levels[0] == BUSY_JSON and len(levels) == 2
 
 
@@ -151,8 +151,9 @@ def test_terminal_report_prints_every_figure():
                          "encoder cache per reuse level"]
     assert table_rows(lines) == [
         # reuse, requests, images, planned hits, queries, hits, hit rate (plan), TTFT, req/s
-        ["0.5", "6", "6", "3", "7", "2", "29% (50%)", "50.0 / 58.0", "20.0 / 36.0", "4.00"],
-        ["0", "2", "2", "0", "2", "0", "0% (0%)", "- / -", "15.0 / 19.0", "1.00"],
+        ["0.5", "6", "6", "3", "7", "2", "0", "29% (50%)", "33%", "50.0 / 58.0", "20.0 / 36.0",
+         "4.00"],
+        ["0", "2", "2", "0", "2", "0", "0", "0% (0%)", "0%", "- / -", "15.0 / 19.0", "1.00"],
         # reuse, local, in_step, connector, deferrals, evictions, capacity allows, mm, prefix
         ["0.5", "1", "0", "1", "3", "1", "1", "4 / 9", "64 / 320"],
         ["0", "0", "0", "0", "0", "0", "-", "0 / 0", "0 / 0"],

@@ -203,9 +203,10 @@ def test_the_table_shows_the_figures_of_the_json():
                         "(16 embeds each); encoder cache 48 embeds")
     rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in lines if ln.startswith("│")]
     cells = [row for row in rows if row and row[0] == "0.5"]
-    assert cells[0][:7] == ["0.5", "8", "8", str(lv["planned_hits"]), str(lv["observed_queries"]),
-                            str(lv["observed_hits"]),
-                            f"{lv['observed_hit_rate']:.0%} ({lv['planned_hit_rate']:.0%})"]
+    assert cells[0][:9] == ["0.5", "8", "8", str(lv["planned_hits"]), str(lv["observed_queries"]),
+                            str(lv["observed_hits"]), str(lv["observed_prefix_covered"]),
+                            f"{lv['observed_hit_rate']:.0%} ({lv['planned_hit_rate']:.0%})",
+                            f"{lv['observed_avoided_rate']:.0%}"]
     assert cells[1] == ["0.5", str(lv["observed_hits"]), "0", "0", "0", str(lv["evictions"]),
                         str(lv["capacity_allows_hits"]), "0 / 0", "0 / 0"]
     assert lines[-1] == f"reuse 0.5: {lv['verdict']['text']}"

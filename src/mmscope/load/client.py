@@ -80,10 +80,12 @@ class Server:
             raise UserError(f"{self.url}{METRICS_PATH} is not a Prometheus metrics page") from None
 
     async def chat(self, model: str, text: str, image_urls: list[str], max_tokens: int,
-                   what: str) -> Timing:
-        """One streamed chat completion; the text goes first so requests differ from token one."""
-        content = [{"type": "text", "text": text}]
-        content += [{"type": "image_url", "image_url": {"url": u}} for u in image_urls]
+                   what: str, images_first: bool = False) -> Timing:
+        """One streamed chat completion. The text goes first, so that requests differ from token
+        one, unless `images_first` (the prefix plan, where the repeats' prefixes are shared)."""
+        images = [{"type": "image_url", "image_url": {"url": u}} for u in image_urls]
+        words = [{"type": "text", "text": text}]
+        content = images + words if images_first else words + images
         body = {"model": model, "messages": [{"role": "user", "content": content}],
                 "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                 "stream_options": {"include_usage": True}}

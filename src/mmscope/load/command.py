@@ -56,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="give up after this long in all (default: 600)")
     parser.add_argument("--request-timeout", type=_positive, default=120.0, metavar="SECONDS",
                         help="give up on a request after this long (default: 120)")
+    parser.add_argument("--prefix", action="store_true",
+                        help="the prefix plan: repeats resend an earlier request whole, images "
+                             "first and a long text after them, so that with vLLM's prefix caching "
+                             "(on by default) repeated images are spared as prefix-covered items")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of tables")
     parser.add_argument("--plot", metavar="FILE",
@@ -131,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
 
     _check_before_planning(args)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    workload = plan.build(seed, args.reuse, args.requests, args.images_per_request, args.image_size)
+    workload = plan.build(seed, args.reuse, args.requests, args.images_per_request, args.image_size,
+                          prefix=args.prefix)
     try:
         info, levels = asyncio.run(asyncio.wait_for(_sweep(args, workload), args.timeout))
     except TimeoutError:
@@ -164,7 +169,7 @@ async def _sweep(args, workload):
         await server.close()
     info = RunInfo(server.url, target.model, workload.seed, workload.requests,
                    workload.images_per_request, args.concurrency, workload.image_size,
-                   target.embeds_per_image)
+                   target.embeds_per_image, workload.prefix)
     return info, levels
 
 

@@ -2,7 +2,9 @@
 which of them repeat an image sent earlier in that level, and a prompt text unique to the request.
 
 Images are synthetic noise rendered to PNG on demand; each level draws fresh ones, so levels
-(and runs with other seeds) never share cache entries.
+(and runs with other seeds) never share cache entries. The prefix plan (`prefix=True`) instead
+repeats whole requests, images first and a long text after them, so that the prefix cache can
+cover a repeat's images (vLLM then never looks them up: `vllm:encoder_cache_prefix_covered`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from dataclasses import dataclass, field
 # Mixed into every pixel seed so our images never coincide with other numpy-seeded images.
 PIXEL_DOMAIN = 0x6D6D6C64  # "mmld"
 PROBE_LEVEL = 2**31 - 1  # a level no sweep reaches: the preflight's probe image lives there
+# Words of text after the images in the prefix plan: more than a KV block (16 tokens on GPU,
+# 128 on CPU) beyond the last image, so the blocks holding the images fill and are cached whole.
+PREFIX_WORDS = 120
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class Workload:
     images_per_request: int
     image_size: tuple[int, int]  # width, height
     levels: tuple[LevelPlan, ...]
+    prefix: bool = False  # the prefix plan: whole requests repeated, images before the text
     _urls: dict[tuple[int, int], str] = field(default_factory=dict, repr=False, compare=False)
 
     def data_url(self, level: int, image: int) -> str:
@@ -70,10 +76,41 @@ class Workload:
 
 
 def build(seed: int, reuse_levels: list[float], requests: int, images_per_request: int,
-          image_size: tuple[int, int]) -> Workload:
-    levels = tuple(plan_level(seed, n, reuse, requests, images_per_request)
+          image_size: tuple[int, int], prefix: bool = False) -> Workload:
+    plan = plan_prefix_level if prefix else plan_level
+    levels = tuple(plan(seed, n, reuse, requests, images_per_request)
                    for n, reuse in enumerate(reuse_levels))
-    return Workload(seed, requests, images_per_request, image_size, levels)
+    return Workload(seed, requests, images_per_request, image_size, levels, prefix)
+
+
+def plan_prefix_level(seed: int, level: int, reuse: float, requests: int,
+                      per_request: int) -> LevelPlan:
+    """A share `reuse` of the level's requests resend an earlier request whole (its images and
+    its long text); the others carry new images only."""
+    rng = random.Random(f"mmscope-load-prefix:{seed}:{level}")
+    repeats = set(rng.sample(range(1, requests), min(int(reuse * requests + 0.5), requests - 1)))
+    planned, new = [], 0
+    for index in range(requests):
+        if index in repeats:
+            earlier = planned[rng.randrange(len(planned))]
+            planned.append(PlannedRequest(index, earlier.images, (True,) * per_request,
+                                          earlier.text))
+            continue
+        images = tuple(range(new, new + per_request))
+        new += per_request
+        text = prompt_text(seed, level, index) + " " + filler(seed, level, index)
+        planned.append(PlannedRequest(index, images, (False,) * per_request, text))
+    return LevelPlan(level, reuse, tuple(planned))
+
+
+def filler(seed: int, level: int, index: int) -> str:
+    """PREFIX_WORDS words unique to the request (its repeats send it again)."""
+    rng = random.Random(f"mmscope-load-words:{seed}:{level}:{index}")
+    return " ".join(rng.choice(WORDS) for _ in range(PREFIX_WORDS))
+
+
+WORDS = ("red", "blue", "green", "cat", "dog", "tree", "house", "river", "cloud", "stone",
+         "light", "shadow", "window", "road", "field", "bird")
 
 
 def plan_level(seed: int, level: int, reuse: float, requests: int, per_request: int) -> LevelPlan:

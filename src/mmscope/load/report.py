@@ -24,6 +24,7 @@ class RunInfo:
     concurrency: int
     image_size: tuple[int, int]
     embeds_per_image: int | None
+    prefix: bool = False  # the prefix plan (whole requests repeated, images first)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -61,6 +62,9 @@ def level_json(level: LevelResult) -> dict:
         "observed_queries": seen.queries, "observed_hits": seen.hits,
         "observed_misses": level.count(series.MISSES),
         "observed_hit_rate": _rate(seen.hits, seen.queries),
+        "observed_prefix_covered": seen.prefix_covered,
+        # encoder work avoided per item sent: hits and prefix-covered items alike
+        "observed_avoided_rate": _rate(seen.avoided, plan.images),
         "hits_by_source": {s: level.count(series.by_source(s)) for s in series.HIT_SOURCES},
         "deferrals": level.count(series.DEFERRALS), "evictions": seen.evictions,
         "capacity_embeds": level.capacity_embeds, "embeds_per_image": level.embeds_per_image,
@@ -81,7 +85,7 @@ def run_json(info: RunInfo, levels: list[LevelResult]) -> dict:
     return {"url": info.url, "model": info.model, "seed": info.seed,
             "requests_per_level": info.requests, "images_per_request": info.images_per_request,
             "concurrency": info.concurrency, "image_size": list(info.image_size),
-            "embeds_per_image": info.embeds_per_image,
+            "embeds_per_image": info.embeds_per_image, "prefix_plan": info.prefix,
             "ok": all(level.verdict.ok for level in levels),
             "levels": [level_json(level) for level in levels]}
 
@@ -139,13 +143,16 @@ def _main_table(rows: list[dict]):
 
     table = Table()
     for name in ("reuse", "requests", "images", "planned hits", "queries", "hits",
-                 "hit rate (plan)", "TTFT repeat p50/p90 ms", "TTFT new p50/p90 ms", "req/s"):
+                 "prefix covered", "hit rate (plan)", "avoided", "TTFT repeat p50/p90 ms",
+                 "TTFT new p50/p90 ms", "req/s"):
         table.add_column(name, justify="right")
     for r in rows:
         t = r["ttft_ms"]
         table.add_row(f"{r['reuse']:g}", str(r["requests"]), str(r["images"]),
                       str(r["planned_hits"]), str(r["observed_queries"]), str(r["observed_hits"]),
+                      str(r["observed_prefix_covered"]),
                       f"{_percent(r['observed_hit_rate'])} ({_percent(r['planned_hit_rate'])})",
+                      _percent(r["observed_avoided_rate"]),
                       _pair(t["repeat_p50"], t["repeat_p90"]), _pair(t["new_p50"], t["new_p90"]),
                       _num(r["throughput_rps"], "{:.2f}"))
     return table

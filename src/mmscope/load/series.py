@@ -7,17 +7,18 @@ from __future__ import annotations
 
 from mmscope.carry.ledger import SOURCES
 
-# mmscope's encoder-cache series (the adapter's tables in mmscope.vllm.stat_loggers define them).
+# mmscope's encoder-cache series (mmscope.expose.metrics defines them).
 QUERIES = "encoder_cache_queries"
 HITS = "encoder_cache_hits"
 MISSES = "encoder_cache_misses"
 DEFERRALS = "encoder_cache_deferrals"
 EVICTIONS = "encoder_cache_evictions"
+PREFIX_COVERED = "encoder_cache_prefix_covered"
 HITS_BY_SOURCE = "encoder_cache_hits_by_source"
 HIT_SOURCES = SOURCES
 CAPACITY = "encoder_cache_capacity_embeds"
 USAGE = "encoder_cache_usage_embeds"
-COUNTERS = (QUERIES, HITS, MISSES, DEFERRALS, EVICTIONS)
+COUNTERS = (QUERIES, HITS, MISSES, DEFERRALS, EVICTIONS, PREFIX_COVERED)
 GAUGES = (CAPACITY, USAGE)
 
 # vLLM's own caches beside it: the processor cache (items) and the prefix cache (tokens).

@@ -46,7 +46,8 @@ class LevelResult:
     @property
     def observed(self) -> Observed:
         return Observed(self.count(series.QUERIES), self.count(series.HITS),
-                        self.count(series.EVICTIONS), self.capacity_embeds, self.embeds_per_image)
+                        self.count(series.EVICTIONS), self.capacity_embeds, self.embeds_per_image,
+                        self.count(series.PREFIX_COVERED))
 
     @property
     def verdict(self) -> Verdict:
@@ -112,7 +113,8 @@ async def _send_all(server, model, workload, plan, concurrency, max_tokens, on_d
         for request in pending:
             urls = [workload.data_url(plan.level, i) for i in request.images]
             what = f"request {request.index} of reuse level {plan.reuse:g}"
-            timing = await server.chat(model, request.text, urls, max_tokens, what)
+            timing = await server.chat(model, request.text, urls, max_tokens, what,
+                                       images_first=workload.prefix)
             results.append(RequestResult(request, timing))
             if on_done:
                 on_done()
@@ -133,7 +135,9 @@ async def _settled_metrics(server: Server, before: dict, expected_queries: int) 
     while time.monotonic() < deadline:
         await asyncio.sleep(SETTLE_POLL_S)
         now = await server.metrics()
-        arrived = now.get(series.QUERIES, 0) - before.get(series.QUERIES, 0) >= expected_queries
+        # every item is either looked up or spared by the prefix cache
+        arrived = sum(now.get(k, 0) - before.get(k, 0)
+                      for k in (series.QUERIES, series.PREFIX_COVERED)) >= expected_queries
         if _counters(now) == _counters(last) and arrived:
             return now
         last = now

@@ -22,6 +22,11 @@ class Observed:
     evictions: int
     capacity_embeds: int | None  # None: the server did not say
     embeds_per_image: int | None  # None: could not be measured
+    prefix_covered: int = 0  # items the prefix cache spared: encoder work avoided, not queried
+
+    @property
+    def avoided(self) -> int:
+        return self.hits + self.prefix_covered
 
 
 @dataclass(frozen=True)
@@ -55,11 +60,14 @@ def capacity_allows(plan: LevelPlan, seen: Observed) -> int | None:
 
 
 def judge(plan: LevelPlan, seen: Observed) -> Verdict:
+    """Repeats spared the encoder by a hit or by the prefix cache, against the plan's repeats."""
     planned = plan.planned_hits
-    shortfall = planned - seen.hits
-    share = f"{seen.hits} of {planned} planned hits"
+    shortfall = planned - seen.avoided
+    spared = f" ({seen.hits} hits, {seen.prefix_covered} prefix-covered)" if seen.prefix_covered \
+        else ""
+    share = f"{seen.avoided} of {planned} planned hits{spared}"
     if shortfall == 0:
-        status, text = MATCH, f"hits match the plan ({seen.hits} of {planned})"
+        status, text = MATCH, f"hits match the plan ({seen.avoided} of {planned}){spared}"
     elif shortfall < 0:
         status, text = EXCESS, (f"{-shortfall} hits more than planned: other traffic on the "
                                 "server, or images still cached from an earlier run with the same "
@@ -82,10 +90,11 @@ def _capacity(plan: LevelPlan, seen: Observed) -> str:
 
 
 def _queries_note(plan: LevelPlan, seen: Observed) -> str:
-    if seen.queries == plan.images:
+    expected = plan.images - seen.prefix_covered  # a prefix-covered item is never looked up
+    if seen.queries == expected:
         return ""
-    if seen.queries > plan.images:
+    if seen.queries > expected:
         why = "requests preempted and resumed, or other traffic"
     else:
         why = "lookups skipped: a prefix-cache hit may cover images"
-    return f"; {seen.queries} queries for {plan.images} images ({why})"
+    return f"; {seen.queries} queries for {expected} images ({why})"
