@@ -76,6 +76,10 @@ def engine(model: str):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
+    from mmscope.demo import environment
+
+    environment.install()  # the tiny LLaVA's imports where torchvision does not load
+
     return LLM(model=model, enforce_eager=True, max_model_len=512, max_num_seqs=16,
                max_num_batched_tokens=256, limit_mm_per_prompt={"image": 1},
                kv_cache_memory_bytes=64 * 2**20, seed=0, disable_log_stats=False)
