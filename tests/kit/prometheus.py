@@ -64,14 +64,16 @@ class Prometheus:
         raise RuntimeError(f"prometheus not ready after {timeout_s:.0f} s; see {self._log.name}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-            self._log.close()
+        self._log.close()
 
     def __enter__(self):
         return self.start()
