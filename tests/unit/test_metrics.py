@@ -1,0 +1,176 @@
+"""The API server's side on vLLM's own StatLoggerManager, built from a real VllmConfig of the
+tiny LLaVA (no engine): our series beside vLLM's, fed by the manager hook to every logger."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mmscope.carry.ledger import SOURCES, Decision, EncoderCacheLedger, Item
+from mmscope.emit.stage_timer import FRONTEND
+from mmscope.vllm import stat_loggers as sl
+from mmscope.vllm.patching import APPLIED
+
+METRICS_HOOKS = ("prometheus.create", "stat_loggers.record", "log_line.format")
+
+
+@pytest.fixture(scope="module")
+def vllm_config(tmp_path_factory):
+    from mmscope.demo import environment, tiny_model
+    from vllm.engine.arg_utils import EngineArgs
+
+    environment.install()
+    model = tiny_model.build(str(tmp_path_factory.mktemp("tiny-llava")))
+    return EngineArgs(model=model, served_model_name="tiny", enforce_eager=True,
+                      max_model_len=512, max_num_seqs=4, max_num_batched_tokens=256,
+                      limit_mm_per_prompt={"image": 3}).create_engine_config()
+
+
+@pytest.fixture(scope="module")
+def metrics_hooks(vllm_config):
+    """mmscope as vLLM loads it: building the config ran vLLM's load_general_plugins, which
+    instruments this process once (register() again is a no-op)."""
+    from mmscope.vllm import plugin
+    from mmscope.vllm.instrumentor import get_instrumentor
+
+    plugin.register()
+    instrumentor = get_instrumentor()
+    status = instrumentor.instrument()
+    assert {h: status[h] for h in METRICS_HOOKS} == {h: APPLIED for h in METRICS_HOOKS}
+    yield
+    instrumentor.uninstrument()  # the other unit tests of this process apply their own
+
+
+def manager(vllm_config, engines=(0,), aggregate=False):
+    from vllm.v1.metrics.loggers import StatLoggerManager
+
+    made = StatLoggerManager(vllm_config, list(engines), aggregate_engine_logging=aggregate)
+    FRONTEND.drain()  # the series' shape came from vLLM's processor, run on dummy inputs
+    return made
+
+
+def samples(prefix="vllm:encoder_cache") -> dict[tuple, float]:
+    out = {}
+    for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+        for s in family.samples:
+            if s.name.startswith(prefix) and not s.name.endswith("_created"):
+                label = s.labels.get("source") or s.labels.get("modality") or s.labels.get("le")
+                out[(s.name, s.labels["engine"], label)] = s.value
+    return out
+
+
+def wire(*decisions) -> dict[str, int]:
+    ledger = EncoderCacheLedger()
+    for index, decision in decisions:
+        ledger.propose(Item("r", index, "image", f"k{index}", 16), decision)
+    ledger.commit_step({"r"}, {"r": [i for i, d in decisions if d is Decision.COMPUTE]})
+    ledger.occupancy(32, 256)
+    return ledger.drain().to_wire()
+
+
+def stats_with(encoder_cache=None, stage_durations=None):
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    stats = SchedulerStats()
+    stats.encoder_cache_stats = encoder_cache
+    stats.mm_stage_durations = stage_durations
+    return stats
+
+
+def record(mgr, stats, engine_idx=0):
+    # as vLLM's output handler calls it: by keyword
+    mgr.record(scheduler_stats=stats, iteration_stats=None, mm_cache_stats=None,
+               engine_idx=engine_idx)
+
+
+def test_every_series_is_at_zero_from_the_start_with_the_capacity_set(vllm_config, metrics_hooks):
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.multimodal.encoder_budget import MultiModalBudget
+
+    manager(vllm_config, engines=(0, 1))
+    capacity = MultiModalBudget(vllm_config, MULTIMODAL_REGISTRY,
+                                enable_cache=False).encoder_cache_size
+    s = samples()
+    for engine in ("0", "1"):
+        for src in SOURCES:
+            assert s[("vllm:encoder_cache_hits_by_source_total", engine, src)] == 0
+        for name in ("queries_by_modality", "hits_by_modality", "prefix_covered_by_modality"):
+            assert s[(f"vllm:encoder_cache_{name}_total", engine, "image")] == 0
+        for name in ("queries", "hits", "misses", "deferrals", "evictions", "prefix_covered"):
+            assert s[(f"vllm:encoder_cache_{name}_total", engine, None)] == 0
+        assert s[("vllm:encoder_cache_capacity_embeds", engine, None)] == capacity > 0
+    assert not any(label == "video" for _, _, label in s)  # the tiny LLaVA takes images only
+
+
+def test_the_manager_hook_feeds_every_logger_of_vllms_manager(vllm_config, metrics_hooks):
+    from vllm.v1.metrics.loggers import (LoggingStatLogger, PerEngineStatLoggerAdapter,
+                                         PrometheusStatLogger)
+
+    mgr = manager(vllm_config, engines=(0, 1))
+    adapter = next(x for x in mgr.stat_loggers if isinstance(x, PerEngineStatLoggerAdapter))
+    assert any(isinstance(x, PrometheusStatLogger) for x in mgr.stat_loggers)
+    per_engine = adapter.per_engine_stat_loggers
+    assert all(isinstance(x, LoggingStatLogger) for x in per_engine.values())
+    record(mgr, stats_with(wire((0, Decision.COMPUTE), (1, Decision.LOCAL_HIT))), engine_idx=0)
+    s = samples()
+    assert s[("vllm:encoder_cache_hits_total", "0", None)] == 1
+    assert s[("vllm:encoder_cache_misses_total", "0", None)] == 1
+    assert s[("vllm:encoder_cache_hits_by_source_total", "0", "local")] == 1
+    assert s[("vllm:encoder_cache_usage_embeds", "0", None)] == 32
+    assert s[("vllm:encoder_cache_hits_total", "1", None)] == 0
+    assert sl._windows[per_engine[0]].hits.hit_rate == 0.5
+    assert per_engine[1] not in sl._windows  # another engine's logger
+
+
+def test_two_emissions_add_up_and_the_gauges_take_the_last(vllm_config, metrics_hooks):
+    mgr = manager(vllm_config)
+    record(mgr, stats_with(wire((0, Decision.COMPUTE), (1, Decision.LOCAL_HIT))))
+    second = wire((0, Decision.LOCAL_HIT))
+    second["usage_embeds"] = 48
+    record(mgr, stats_with(second))
+    record(mgr, stats_with(None))  # a step without counts changes nothing
+    s = samples()
+    assert s[("vllm:encoder_cache_queries_total", "0", None)] == 3
+    assert s[("vllm:encoder_cache_hits_total", "0", None)] == 2
+    assert s[("vllm:encoder_cache_hits_by_source_total", "0", "local")] == 2
+    assert s[("vllm:encoder_cache_usage_embeds", "0", None)] == 48
+
+
+def test_the_stats_line_gets_the_encoder_hit_rate(vllm_config, metrics_hooks):
+    lines = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    for aggregate in (False, True):
+        mgr = manager(vllm_config, aggregate=aggregate)
+        record(mgr, stats_with(wire((0, Decision.COMPUTE), (1, Decision.LOCAL_HIT),
+                                    (2, Decision.LOCAL_HIT), (3, Decision.LOCAL_HIT))))
+        target = logging.getLogger("vllm.v1.metrics.loggers")
+        handler, level = Recorder(), target.level
+        target.addHandler(handler)
+        target.setLevel(logging.DEBUG)  # an idle engine's line is a DEBUG line
+        try:
+            lines.clear()
+            mgr.log()
+        finally:
+            target.removeHandler(handler)
+            target.setLevel(level)
+        stats_line = [line for line in lines if "Avg prompt throughput" in line]
+        assert len(stats_line) == 1 and stats_line[0].endswith(", Encoder cache hit rate: 75.0%")
+
+
+def test_stage_durations_of_both_processes_reach_the_histogram(vllm_config, metrics_hooks):
+    mgr = manager(vllm_config)
+    FRONTEND.record("mm:hash:pil_image", 4_000)  # timed in this (the API server's) process
+    record(mgr, stats_with(None, {"gpu_model_runner: vit_forward": [2_000_000, 3_000_000]}))
+    counts = {}
+    for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+        for smp in family.samples:
+            if smp.name == "vllm:mm_stage_duration_seconds_count":
+                counts[smp.labels["stage"]] = smp.value
+    assert counts == {"mm:hash:pil_image": 1, "gpu_model_runner: vit_forward": 2}
+    assert not FRONTEND.pending
