@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import os
 
+from mmscope.demo.media import image  # noqa: F401 - distinct content per seed, for the tests
 from mmscope.expose import readout
-
-
-def image(i: int, size=(32, 32)):
-    """A distinct deterministic image per i (distinct content, so a distinct cache key)."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(i)
-    return Image.fromarray(rng.integers(0, 256, (*size[::-1], 3), dtype=np.uint8))
 
 
 def prompt(images, text="What is this?"):

@@ -14,32 +14,47 @@ import time
 from mmscope.errors import UserError
 
 
+PLURALS = {"image": "images", "video": "videos", "audio": "audio clips"}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from mmscope.demo.tiny_model import ARCHS, DEFAULT_ARCH
+
     p.add_argument("--out", default="mmscope-demo",
                    help="folder for the trace, profile, report and logs (default ./mmscope-demo)")
+    p.add_argument("--arch", choices=sorted(ARCHS), default=DEFAULT_ARCH,
+                   help=f"tiny model family to run (default {DEFAULT_ARCH})")
 
 
 def run(args) -> int:
     from rich.console import Console
 
     console = Console(stderr=True)
-    out = os.path.abspath(args.out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UserError(f"--out {out} exists and is not a folder")
-    os.makedirs(os.path.join(out, "traces"), exist_ok=True)
+    out = _out_folder(args.out)
     t0 = time.monotonic()
     with console.status("building the tiny model (first run only)") as status:
-        model = _tiny_model()
-        profile = _run_workload(out, model, status)
+        model = _tiny_model(args.arch)
+        profile = _run_workload(out, model, args.arch, status)
         status.update("analysing the recorded ranges")
         analysis = _analyse(profile, os.path.join(out, "report.html"))
     _report(out, profile, analysis, time.monotonic() - t0)
     return 0
 
 
-def _tiny_model() -> str:
+def _out_folder(path: str) -> str:
+    out = os.path.abspath(path)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserError(f"--out {out} exists and is not a folder")
+    try:
+        os.makedirs(os.path.join(out, "traces"), exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot make the folder ({e.strerror})") from None
+    return out
+
+
+def _tiny_model(arch: str) -> str:
     from mmscope.demo import tiny_model
-    return tiny_model.build(tiny_model.default_dir())
+    return tiny_model.build(tiny_model.default_dir(arch), arch=arch)
 
 
 def _recorder_available() -> bool:
@@ -47,7 +62,7 @@ def _recorder_available() -> bool:
     return native_library("_nvtx_inject") is not None
 
 
-def _run_workload(out: str, model: str, status) -> str:
+def _run_workload(out: str, model: str, arch: str, status) -> str:
     """The workload in a child process: under `mmscope record` (NVTX -> nsys-schema SQLite) when
     the recorder is built, always with the chrome backend too (a Perfetto-ready trace)."""
     env = dict(os.environ, MMSCOPE_TRACE_DIR=os.path.join(out, "traces"), HF_HUB_OFFLINE="1",
@@ -58,7 +73,7 @@ def _run_workload(out: str, model: str, status) -> str:
             os.remove(os.path.join(out, stale))
     for old in os.listdir(os.path.join(out, "traces")):
         os.remove(os.path.join(out, "traces", old))
-    workload = [sys.executable, "-m", "mmscope.demo.workload", out, model]
+    workload = [sys.executable, "-m", "mmscope.demo.workload", out, model, arch]
     if _recorder_available():
         profile = os.path.join(out, "profile.sqlite")
         env["MMSCOPE_TRACE"] = "nvtx,chrome"
@@ -111,7 +126,7 @@ def _report(out: str, profile: str, analysis, elapsed: float) -> None:
     q, h = c.get(series.QUERIES, 0), c.get(series.HITS, 0)
     table = Table("counter", "value", "meaning")
     rows = [
-        ("queries", q, "image items committed for scheduled requests"),
+        ("queries", q, "multimodal items committed for scheduled requests"),
         ("hits", h, "encoder output reused"),
         ("misses", c.get(series.MISSES, 0), "encoder runs (one per computed item)"),
         ("  hits from cache", c.get(series.by_source("local"), 0),
@@ -121,12 +136,17 @@ def _report(out: str, profile: str, analysis, elapsed: float) -> None:
         ("deferrals", c.get(series.DEFERRALS, 0), "items postponed for budget or space"),
         ("evictions", c.get(series.EVICTIONS, 0), "entries evicted to make room"),
     ]
+    items = summary["items"]
+    if len(items) > 1:
+        rows[1:1] = [(f"  queries ({m})", c.get(f"{series.QUERIES}_by_modality{{modality={m}}}", 0),
+                      f"{m} items") for m in items]
     for name, value, meaning in rows:
         table.add_row(name, f"{value:.0f}", meaning)
     console.print(table)
     rate = 100 * h / q if q else 0.0
-    console.print(f"encoder cache hit rate: [bold]{rate:.1f}%[/bold] over {summary['images']} "
-                  f"images in {summary['requests']} requests")
+    counted = " and ".join(f"{n} {PLURALS[m]}" for m, n in items.items())
+    console.print(f"encoder cache hit rate: [bold]{rate:.1f}%[/bold] over {counted} "
+                  f"in {summary['requests']} requests")
     s = summary["steps"]
     console.print(f"step_tokens: {s['steps']} steps, {s['prefill_tokens']} prefill and "
                   f"{s['decode_tokens']} decode tokens")

@@ -1,7 +1,7 @@
 """The workload `mmscope demo` runs in a child process: vLLM CPU, in-process, with the plugin.
 
-Image reuse, several images per request, text-only requests; writes summary.json and prints
-`PROGRESS <text>` lines for the parent.
+Per model family, a scripted sequence of reuse, several items per request and text-only requests;
+writes summary.json and prints `PROGRESS <text>` lines for the parent.
 """
 from __future__ import annotations
 
@@ -11,37 +11,52 @@ import os
 import sys
 import time
 
+I, V, A = "image", "video", "audio"
+
+# (items, text) per request, in three batches: new items, then reuse, then a mix. An item is
+# (modality, seed); the same pair is the same content, so the same encoder-cache key.
+ROUNDS = {
+    "llava": [
+        [([(I, 1)], "What is in this picture?"), ([(I, 2)], "Describe the image."),
+         ([(I, 3), (I, 4)], "Compare them."), ([], "Hello, how are you?"),
+         ([(I, 5)], "What colour is it?"), ([(I, 6)], "Is there a cat?")],
+        [([(I, 1)], "Tell me more."), ([(I, 2)], "And now?"), ([(I, 3)], "Which one is this?"),
+         ([(I, 7), (I, 7)], "Twice the same?"), ([], "Thanks!"), ([(I, 4)], "Again, please.")],
+        [([(I, 8)], "A new one."), ([(I, 8)], "The same new one, at once."),
+         ([(I, 1), (I, 2)], "Both old ones."), ([], "One more text."),
+         ([(I, 5), (I, 9)], "Old and new.")],
+    ],
+    "qwen2_5_vl": [
+        [([(V, 1)], "What happens?"), ([(I, 1)], "Describe the image."),
+         ([(I, 2), (V, 2)], "The picture and the clip."), ([], "Hello, how are you?"),
+         ([(V, 3)], "And this clip?")],
+        [([(V, 1)], "Again?"), ([(V, 2)], "And now?"), ([(I, 1)], "Which one is this?"),
+         ([(V, 4), (V, 4)], "Twice the same clip?"), ([], "Thanks!")],
+        [([(V, 5)], "A new clip."), ([(V, 5)], "The same new clip, at once."),
+         ([(I, 2), (V, 1)], "Both old ones."), ([(I, 3), (V, 3)], "Old and new.")],
+    ],
+    "qwen2_audio": [
+        [([(A, 1)], "What do you hear?"), ([(A, 2)], "And in this clip?"),
+         ([(A, 3), (A, 4)], "Compare them."), ([], "Hello, how are you?")],
+        [([(A, 1)], "Again?"), ([(A, 2)], "And now?"), ([(A, 5), (A, 5)], "Twice the same?"),
+         ([], "Thanks!")],
+        [([(A, 6)], "A new one."), ([(A, 6)], "The same new one, at once."),
+         ([(A, 3), (A, 7)], "Old and new.")],
+    ],
+}
+
 
 def progress(text: str) -> None:
     print(f"PROGRESS {text}", flush=True)
 
 
-def image(i: int):
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(i)
-    return Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
-
-
-def prompt(images: list[int], text: str) -> dict:
-    tags = "<image>" * len(images)
-    p = {"prompt": f"<s>user: {tags}{text}\nassistant:"}
-    if images:
-        imgs = [image(i) for i in images]
-        p["multi_modal_data"] = {"image": imgs[0] if len(imgs) == 1 else imgs}
-    return p
-
-
-# (images, text) per request, in three batches: new images, then reuse, then a mix.
-ROUNDS = [
-    [([1], "What is in this picture?"), ([2], "Describe the image."), ([3, 4], "Compare them."),
-     ([], "Hello, how are you?"), ([5], "What colour is it?"), ([6], "Is there a cat?")],
-    [([1], "Tell me more."), ([2], "And now?"), ([3], "Which one is this?"),
-     ([7, 7], "Twice the same?"), ([], "Thanks!"), ([4], "Again, please.")],
-    [([8], "A new one."), ([8], "The same new one, at once."), ([1, 2], "Both old ones."),
-     ([], "One more text."), ([5, 9], "Old and new.")],
-]
+def items_by_modality(arch: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for batch in ROUNDS[arch]:
+        for items, _ in batch:
+            for modality, _seed in items:
+                counts[modality] = counts.get(modality, 0) + 1
+    return counts
 
 
 class StepTokens(logging.Handler):
@@ -66,8 +81,13 @@ class StatsLine(logging.Handler):
             self.lines.append(record.getMessage())
 
 
-def main(out_dir: str, model: str) -> int:
+def main(out_dir: str, model: str, arch: str = "llava") -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from mmscope.demo import environment
+    from mmscope.demo.tiny_model import family
+
+    environment.install()
+    fam = family(arch)
     progress("starting vLLM CPU with the mmscope plugin")
     from vllm import LLM, SamplingParams
 
@@ -75,7 +95,7 @@ def main(out_dir: str, model: str) -> int:
 
     t0 = time.monotonic()
     llm = LLM(model=model, enforce_eager=True, max_model_len=512, max_num_seqs=8,
-              max_num_batched_tokens=256, limit_mm_per_prompt={"image": 2},
+              max_num_batched_tokens=256, limit_mm_per_prompt={m: 2 for m in fam.MODALITIES},
               kv_cache_memory_bytes=64 * 2**20, seed=0, disable_log_stats=False)
     progress(f"engine ready in {time.monotonic() - t0:.1f} s")
     steps, stats = StepTokens(), StatsLine()
@@ -84,19 +104,21 @@ def main(out_dir: str, model: str) -> int:
     step_logger.addHandler(steps)
     logging.getLogger("vllm.v1.metrics.loggers").addHandler(stats)
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    for n, batch in enumerate(ROUNDS, 1):
-        llm.generate([prompt(imgs, text) for imgs, text in batch], sp, use_tqdm=False)
-        progress(f"batch {n}/{len(ROUNDS)}: {len(batch)} requests, "
-                 f"{sum(len(i) for i, _ in batch)} images")
+    rounds = ROUNDS[arch]
+    for n, batch in enumerate(rounds, 1):
+        llm.generate([fam.prompt(items, text) for items, text in batch], sp, use_tqdm=False)
+        progress(f"batch {n}/{len(rounds)}: {len(batch)} requests, "
+                 f"{sum(len(i) for i, _ in batch)} items")
     llm.llm_engine.do_log_stats()
     summary = {
+        "arch": arch,
         "counters": {k: v for k, v in readout.from_vllm_metrics(llm.get_metrics()).items()
                      if k.startswith(("encoder_cache", "mm_cache", "prefix_cache"))},
         "steps": {"steps": steps.steps, "prefill_tokens": steps.prefill,
                   "decode_tokens": steps.decode},
         "stats_line": stats.lines[-1] if stats.lines else None,
-        "requests": sum(len(b) for b in ROUNDS),
-        "images": sum(len(i) for b in ROUNDS for i, _ in b),
+        "requests": sum(len(b) for b in rounds),
+        "items": items_by_modality(arch),
     }
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -105,4 +127,4 @@ def main(out_dir: str, model: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(*sys.argv[1:4]))

@@ -1,0 +1,157 @@
+"""Each tiny model family on the real in-process engine: exact encoder-cache counters per
+modality for scripted image, video and audio sequences, the `mm:hash:<branch>` ranges those items
+take, and `vit_forward` only in the steps that ran the encoder."""
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+
+from mmscope import stages
+from mmscope.demo import tiny_model
+from mmscope.emit import tracing
+from tests.kit import traces as tk
+from tests.kit.engine import counters, offline_llm
+
+pytestmark = pytest.mark.vllm
+
+MODALITIES = {"llava": ("image",), "qwen2_5_vl": ("image", "video"), "qwen2_audio": ("audio",)}
+# The MultiModalHasher branch each family's items take, as the offline prompts give them.
+HASH_BRANCH = {"image": "pil_image", "video": "ndarray", "audio": "ndarray"}
+SEEDS = {"image": 300, "video": 400, "audio": 500}
+
+
+@pytest.fixture(scope="module", params=sorted(MODALITIES))
+def family(request, tmp_path_factory):
+    """One engine per family, tracing to its own folder, as a process started with
+    MMSCOPE_TRACE=chrome and MMSCOPE_TRACE_DIR would."""
+    from mmscope.vllm.instrumentor import get_instrumentor
+
+    arch = request.param
+    model = tiny_model.build(str(tmp_path_factory.mktemp(f"tiny-{arch}")), arch=arch)
+    trace_dir = tmp_path_factory.mktemp(f"traces-{arch}")
+    env = pytest.MonkeyPatch()
+    env.setenv("MMSCOPE_TRACE", "chrome")
+    env.setenv("MMSCOPE_TRACE_DIR", str(trace_dir))
+    tracing.configure()
+    get_instrumentor().uninstrument()  # the ranges' hooks are chosen with tracing on, as at
+    get_instrumentor().instrument()  # the start of a process
+    llm = offline_llm(model, limit_mm_per_prompt={m: 2 for m in MODALITIES[arch]},
+                      enable_prefix_caching=False)  # every repeat is an encoder-cache query
+    yield arch, tiny_model.family(arch), llm, trace_dir
+    del llm
+    gc.collect()
+    env.undo()
+    tracing.configure("off")
+    get_instrumentor().uninstrument()
+    get_instrumentor().instrument()
+
+
+def generate(llm, prompts):
+    from vllm import SamplingParams
+    llm.generate(prompts, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
+                 use_tqdm=False)
+
+
+def ranges_since(trace_dir, t0_us):
+    tracing.flush()
+    ranges, _ = tk.load(trace_dir)
+    return [r for r in ranges if r.start >= t0_us]
+
+
+def now_us():
+    return time.perf_counter_ns() / 1000
+
+
+def delta(after, before):
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+SCRIPT_EXPECTED = [  # queries, hits, misses, in-step hits, local hits, vit_forward ranges
+    (2, 1, 1, 1, 0, 1),  # computed once, shared by the request beside it in the same step
+    (1, 1, 0, 0, 1, 0),  # resident from the earlier request: no encoder step
+    (0, 0, 0, 0, 0, 0),  # text only
+    (2, 0, 2, 0, 0, 1),  # two new items, one encoder step
+]
+
+
+def run_script(fam, llm, trace_dir, modality):
+    """The scripted calls for one modality; (counter deltas, ranges) per generate call."""
+    a, b, c = (SEEDS[modality] + i for i in range(3))
+    by_call = []
+    for prompts in (
+            [fam.prompt([(modality, a)], "One?"), fam.prompt([(modality, a)], "The same, at once?")],
+            [fam.prompt([(modality, a)], "Seen before?")],
+            [fam.prompt([], "Just text")],
+            [fam.prompt([(modality, b), (modality, c)], "Two new ones?")]):
+        before, t0 = counters(llm), now_us()
+        generate(llm, prompts)
+        by_call.append((delta(counters(llm), before), ranges_since(trace_dir, t0)))
+    return by_call
+
+
+@pytest.fixture(scope="module")
+def scripted(family):
+    """The family's engine and, per modality, (counter deltas, ranges) per scripted call."""
+    arch, fam, llm, trace_dir = family
+    return arch, {m: run_script(fam, llm, trace_dir, m) for m in MODALITIES[arch]}
+
+
+def test_counters_per_modality_exact(scripted):
+    arch, runs = scripted
+    for modality, calls in runs.items():
+        queries = f"encoder_cache_queries_by_modality{{modality={modality}}}"
+        hits = f"encoder_cache_hits_by_modality{{modality={modality}}}"
+        for n, ((d, _), want) in enumerate(zip(calls, SCRIPT_EXPECTED)):
+            got = (d[queries], d[hits], d["encoder_cache_misses"],
+                   d["encoder_cache_hits_by_source{source=in_step}"],
+                   d["encoder_cache_hits_by_source{source=local}"])
+            assert got == want[:5], f"{arch} {modality}, call {n}"
+            assert d["encoder_cache_queries"] == d[queries]  # no other modality counted
+
+
+def test_vit_forward_only_in_the_steps_that_ran_the_encoder(scripted):
+    arch, runs = scripted
+    for modality, calls in runs.items():
+        vit = [len(tk.named(rs, stages.VIT_FORWARD)) for _, rs in calls]
+        assert vit == [want[5] for want in SCRIPT_EXPECTED], f"{arch} {modality}"
+
+
+def test_hash_range_per_item_named_by_its_branch(scripted):
+    arch, runs = scripted
+    for modality, calls in runs.items():
+        hash_name = stages.hash_range(HASH_BRANCH[modality])
+        for n, ((_, rs), want) in enumerate(zip(calls, SCRIPT_EXPECTED)):
+            hashes = [r.name for r in rs if r.name.startswith(stages.HASH_PREFIX)]
+            assert hashes == [hash_name] * want[0], f"{arch} {modality}, call {n}"
+
+
+def test_vit_forward_nested_in_preprocess(family):
+    arch, fam, llm, trace_dir = family
+    first = MODALITIES[arch][0]
+    t0 = now_us()
+    generate(llm, [fam.prompt([(first, 600)], "New?")])
+    generate(llm, [fam.prompt([(first, 600)], "Again?")])
+    rs = ranges_since(trace_dir, t0)
+    vit = tk.named(rs, stages.VIT_FORWARD)
+    preprocess = tk.named(rs, stages.PREPROCESS)
+    assert len(vit) == 1 and len(preprocess) >= 2  # the second request's steps ran none
+    assert tk.parent_of(vit[0], preprocess + vit) in preprocess
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl"], indirect=True)
+def test_image_and_video_in_one_request(family):
+    arch, fam, llm, trace_dir = family
+    before, t0 = counters(llm), now_us()
+    generate(llm, [fam.prompt([("image", 700), ("video", 700)], "Both?"),
+                   fam.prompt([("video", 700)], "The clip alone?")])
+    d, rs = delta(counters(llm), before), ranges_since(trace_dir, t0)
+    assert (d["encoder_cache_queries_by_modality{modality=image}"],
+            d["encoder_cache_queries_by_modality{modality=video}"],
+            d["encoder_cache_hits_by_modality{modality=video}"],
+            d["encoder_cache_misses"]) == (1, 2, 1, 2)
+    assert len(tk.named(rs, stages.VIT_FORWARD)) >= 1
+    hashes = sorted(r.name for r in rs if r.name.startswith(stages.HASH_PREFIX))
+    assert hashes == sorted([stages.hash_range("pil_image")]
+                            + [stages.hash_range(HASH_BRANCH["video"])] * 2)
