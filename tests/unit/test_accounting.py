@@ -88,7 +88,7 @@ def test_wire_round_trip_and_add():
     led.commit_step({"a": 1, "b": 1}, {"a": [0]})
     s = led.drain()
     assert s.to_wire() == {"requests": 2, "queries": 2, "hits": 1, "misses": 1, "deferrals": 0,
-                           "evictions": 2, "hits_by_source:connector": 1,
+                           "evictions": 2, "prefix_covered": 0, "hits_by_source:connector": 1,
                            "queries_by_modality:image": 2, "hits_by_modality:image": 1,
                            "usage_embeds": 32, "capacity_embeds": 256}
     assert all(type(v) is int for v in s.to_wire().values())
@@ -100,8 +100,10 @@ def test_wire_round_trip_and_add():
 # --- property test against a plain model -------------------------------------------------------
 decisions = st.sampled_from(list(Decision))
 proposal = st.tuples(st.sampled_from("abc"), st.integers(0, 2), decisions)
+covered = st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 2)), max_size=3)
+# proposals, scheduled, forgotten after, prefix-covered at the commit
 step = st.tuples(st.lists(proposal, max_size=6), st.sets(st.sampled_from("abc")),
-                 st.sets(st.sampled_from("abc")))  # proposals, scheduled, forgotten after
+                 st.sets(st.sampled_from("abc")), covered)
 
 
 def decided(proposals):
@@ -120,10 +122,15 @@ def runs_encoder(idx, dec) -> bool:
 
 
 def reference(steps):
-    """DESIGN §4 restated plainly: a (request, item) counts once per residency."""
-    q = h = m = d = 0
+    """DESIGN §4 restated plainly: a (request, item) counts once per residency, as a query or
+    as prefix-covered, whichever comes first; prefix-covered is no query."""
+    q = h = m = d = pc = 0
     done: dict[str, set] = {r: set() for r in "abc"}
-    for proposals, scheduled, forgotten in steps:
+    for proposals, scheduled, forgotten, spared in steps:
+        for req, idx in spared:
+            if idx not in done[req]:
+                done[req].add(idx)
+                pc += 1
         for (req, idx), dec in decided(proposals).items():
             if dec is Decision.DEFERRED:
                 d += 1
@@ -136,7 +143,7 @@ def reference(steps):
                     h += 1
         for req in forgotten:
             done[req] = set()
-    return q, h, m, d
+    return q, h, m, d, pc
 
 
 @settings(max_examples=300, deadline=None)
@@ -144,10 +151,12 @@ def reference(steps):
 def test_ledger_matches_reference_model(steps):
     led = EncoderCacheLedger()
     total = Counter()  # the wire forms added up, as the API server's loggers do
-    for proposals, scheduled, forgotten in steps:
+    for proposals, scheduled, forgotten, spared in steps:
         computed: dict[str, list[int]] = {}
         for req, idx, dec in proposals:
             led.propose(item(req, idx), dec)
+        for req, idx in spared:  # found at the commit, before the step's proposals commit
+            led.prefix_covered(item(req, idx))
         for (req, idx), dec in decided(proposals).items():
             if runs_encoder(idx, dec):
                 computed.setdefault(req, []).append(idx)
@@ -157,8 +166,11 @@ def test_ledger_matches_reference_model(steps):
         s = led.drain()
         assert s.queries == s.hits + s.misses
         assert sum(s.hits_by_source.values()) == s.hits
+        assert sum(s.queries_by_modality.values()) == s.queries
+        assert sum(s.prefix_covered_by_modality.values()) == s.prefix_covered
         total.update(s.to_wire())
-    counted = (total["queries"], total["hits"], total["misses"], total["deferrals"])
+    counted = (total["queries"], total["hits"], total["misses"], total["deferrals"],
+               total["prefix_covered"])
     assert counted == reference(steps)
 
 
@@ -208,3 +220,78 @@ def test_reserved_with_a_connector_is_a_miss_when_computed_else_a_connector_hit(
     led.propose(item("a", 1, "y"), D.ALLOCATED)  # chunked prefill: counted once
     led.commit_step({"a": 1}, {})
     assert led.drain().queries == 0
+
+
+# --- prefix-covered items: encoder work the prefix cache spared, not a query ------------------
+def test_a_prefix_covered_item_is_counted_once_and_is_no_query():
+    led = EncoderCacheLedger()
+    led.prefix_covered(item("a", 0))
+    led.prefix_covered(item("a", 0))  # the same (request, item) again: once
+    led.prefix_covered(item("a", 1, modality="video"))
+    led.propose(item("a", 2), D.COMPUTE)  # the item after the cached prefix: computed
+    led.commit_step({"a": 4}, {"a": [2]})
+    s = led.drain()
+    assert (s.prefix_covered, s.queries, s.hits, s.misses) == (2, 1, 0, 1)
+    assert s.queries == s.hits + s.misses
+    assert s.prefix_covered_by_modality == Counter(image=1, video=1)
+    assert s.queries_by_modality == Counter(image=1) and not s.hits_by_modality
+    assert s.requests == 1  # the request that committed a query
+    wire = s.to_wire()
+    assert (wire["prefix_covered"], wire["prefix_covered_by_modality:image"],
+            wire["prefix_covered_by_modality:video"]) == (2, 1, 1)
+    assert not s.empty
+
+
+def test_a_prefix_covered_item_is_not_counted_again_by_a_later_chunk():
+    led = EncoderCacheLedger()
+    led.prefix_covered(item("a", 0))
+    # vLLM's window never reaches the item; were it looked up (resident from another request),
+    # the lookup is no query of its own
+    led.propose(item("a", 0), D.LOCAL_HIT)
+    led.commit_step({"a": 8}, {})
+    s = led.drain()
+    assert (s.prefix_covered, s.queries, s.hits, s.requests) == (1, 0, 0, 0)
+
+
+def test_prefix_covered_again_after_forget():
+    led = EncoderCacheLedger()
+    led.prefix_covered(item("a", 0))
+    led.forget("a")  # preempted: its entries freed, resumed later over the cached prefix
+    led.prefix_covered(item("a", 0))
+    s = led.drain()
+    assert (s.prefix_covered, s.queries) == (2, 0)
+    led.forget("a")
+    led.propose(item("a", 0), D.COMPUTE)  # resumed without the prefix: computed, a miss
+    led.commit_step({"a": 8}, {"a": [0]})
+    s = led.drain()
+    assert (s.prefix_covered, s.queries, s.misses) == (0, 1, 1)
+
+
+def test_an_item_counted_as_a_query_is_not_prefix_covered_later():
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0), D.COMPUTE)
+    led.commit_step({"a": 8}, {"a": [0]})
+    led.prefix_covered(item("a", 0))
+    s = led.drain()
+    assert (s.queries, s.misses, s.prefix_covered) == (1, 1, 0)
+
+
+def test_prefix_covered_goes_to_the_probe_but_deferrals_and_counts_stay_apart():
+    outcomes = []
+    led = EncoderCacheLedger(probe=lambda o, i, s: outcomes.append((o, i.index, s)))
+    led.prefix_covered(item("a", 0))
+    led.propose(item("a", 1), D.DEFERRED)
+    led.commit_step({"a": 1}, {})
+    assert outcomes == [("PREFIX_COVERED", 0, None), ("DEFERRED", 1, None)]
+    s = led.drain()
+    assert (s.prefix_covered, s.deferrals, s.queries) == (1, 1, 0)
+
+
+def test_compute_is_a_miss_even_where_the_step_lists_no_computed_items():
+    # vLLM reserves exactly the step's computed items of a scheduled request: a reservation
+    # without a connector is a miss, whatever the computed list says
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0), D.COMPUTE)
+    led.commit_step({"a": 1}, {})
+    s = led.drain()
+    assert (s.queries, s.misses, s.hits) == (1, 1, 0)
