@@ -1,4 +1,5 @@
-"""`mmscope demo` as a new user runs it: exit 0, every section, exact counters, files written."""
+"""`mmscope demo` as a new user runs it: exit 0, every section, exact counters, files written; the
+default family (LLaVA) and Qwen2.5-VL with videos (`--arch`)."""
 from __future__ import annotations
 
 import json
@@ -11,17 +12,20 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 
-def test_demo_end_to_end(tmp_path):
-    out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "mmscope.cli", "demo", "--out", str(out)],
+def run_demo(out, *args):
+    proc = subprocess.run([sys.executable, "-m", "mmscope.cli", "demo", "--out", str(out), *args],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    text = proc.stdout
+    return proc.stdout, json.loads((out / "summary.json").read_text())
+
+
+def test_demo_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    text, summary = run_demo(out)
     for needle in ("gpu_model_runner: vit_forward", "mm:processor:hf_processor", "mm:hash:pil_image",
                    "every step_meta joins", "encoder cache hit rate: 50.0% over 18 images in "
                    "17 requests", "Encoder cache hit rate: 50.0%", "step_tokens:", "report.html"):
         assert needle in text, needle
-    summary = json.loads((out / "summary.json").read_text())
     c = summary["counters"]
     # The scripted workload: 18 image items, 9 distinct contents computed once each.
     assert (c["encoder_cache_queries"], c["encoder_cache_hits"], c["encoder_cache_misses"]) == (18, 9, 9)
@@ -31,3 +35,18 @@ def test_demo_end_to_end(tmp_path):
     assert os.listdir(out / "traces")
     # The package build compiles the NVTX recorder on Linux, so the demo records real NVTX.
     assert (out / "profile.sqlite").stat().st_size > 0
+
+
+def test_demo_with_videos(tmp_path):
+    out = tmp_path / "demo"
+    text, summary = run_demo(out, "--arch", "qwen2_5_vl")
+    for needle in ("gpu_model_runner: vit_forward", "queries (video)", "encoder cache hit rate: "
+                   "50.0% over 11 videos and 5 images in 14 requests", "report.html"):
+        assert needle in text, needle
+    c = summary["counters"]
+    # 16 items, 8 distinct contents: 6 hits on entries of earlier requests, 2 within a step.
+    assert (c["encoder_cache_queries"], c["encoder_cache_hits"], c["encoder_cache_misses"]) == (16, 8, 8)
+    assert (c["encoder_cache_queries_by_modality{modality=video}"],
+            c["encoder_cache_queries_by_modality{modality=image}"]) == (11, 5)
+    assert (c["encoder_cache_hits_by_source{source=local}"],
+            c["encoder_cache_hits_by_source{source=in_step}"]) == (6, 2)
