@@ -94,3 +94,9 @@ PARENTS[PREPROCESS] = None
 PARENTS[FORWARD] = None
 
 ALL_FIXED = (PREPROCESS, FORWARD, POSTPROCESS) + PREPROCESS_SIBLINGS
+
+# Every stage the stage timer measures (the `stage` label of vllm:mm_stage_duration_seconds):
+# a hash of several items at once is "mixed".
+TIMED_STAGES = (tuple(hash_range(b) for b in HASH_BRANCHES + ("mixed",))
+                + tuple(PROCESSOR_PREFIX + s for s in PROCESSOR_STAGES.values())
+                + PREPROCESS_SIBLINGS)

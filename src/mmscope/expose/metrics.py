@@ -5,6 +5,7 @@ Names and labels sit beside vLLM's own `vllm:prefix_cache_*` and `vllm:mm_cache_
 """
 from __future__ import annotations
 
+from mmscope import stages
 from mmscope.carry.ledger import SOURCES
 
 # wire key -> (name, documentation); "encoder cache" everywhere so that they cannot be taken for
@@ -58,8 +59,9 @@ STAGE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.0
 class EncoderCacheProm:
     """The series, made with the metric classes vLLM's PrometheusStatLogger uses (its __init__
     unregisters every vllm:* collector first, so ours come after). Every labelled series exists
-    at 0 from the start (each source, each modality the model accepts, each engine) and the
-    capacity gauge holds its value, so that rate() and increase() see the first events."""
+    at 0 from the start (each source, each modality the model accepts, each stage timed, each
+    engine) and the capacity gauge holds its value, so that rate() and increase() see the first
+    events."""
 
     def __init__(self, counter_cls, gauge_cls, histogram_cls,
                  per_engine_labelvalues: dict[int, list], modalities=(),
@@ -93,6 +95,9 @@ class EncoderCacheProm:
                     self._update(idx, f"{key}:{modality}")
             if capacity_embeds is not None:
                 self._updates[(idx, "capacity_embeds")](capacity_embeds)
+            if modalities:  # a multimodal model: every stage's histogram from the start too
+                for stage in stages.TIMED_STAGES:
+                    self.stage_seconds.labels(*values, stage)
 
     def _update(self, engine_idx: int, wire_key: str):
         """The inc or set a wire key stands for, or None for a key with no series of its own
