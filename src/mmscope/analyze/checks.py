@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.table import RangeTable, latest_before
+from mmscope.analyze.table import (RangeTable, group_index, latest_before, packed_keys,
+                                   packed_order)
 
 SIBLINGS = stages.PREPROCESS_SIBLINGS
 
@@ -57,22 +58,26 @@ def vit_excludes_save(table: RangeTable) -> dict:
 
 
 def siblings_disjoint(table: RangeTable) -> dict:
-    """No two of the preprocess children overlap on a thread (touching ends are fine)."""
+    """No two of the preprocess children overlap on a thread (touching ends are fine): taken by
+    (thread, start, row), none starts before the latest end so far on its thread."""
     name = "preprocess children are disjoint siblings"
     rows = table.rows_named(*SIBLINGS)
-    import polars as pl
-
-    df = pl.DataFrame({"r": rows, "t": table.thread[rows], "s": table.start[rows],
-                       "e": table.end[rows]}).sort("t", "s", "r")
-    df = df.with_columns(prev_end=pl.col("e").cum_max().shift(1).over("t"))
-    bad = df.filter(pl.col("s") < pl.col("prev_end"))
+    if len(rows) < 2:
+        return _result(name, 0, len(rows), "", "preprocess child ranges")
+    thread = table.thread[rows]
+    g = group_index(thread, np.zeros(len(rows), np.int8))
+    ks, ke = packed_keys(g, table.start[rows], table.end[rows])
+    order = packed_order(g, ks)  # rows are in row order: ties stay by row
+    ks, ke = ks[order], ke[order]
+    # Packed keys keep each thread's ends below the next thread's starts.
+    latest = np.maximum.accumulate(ke)
+    bad = np.flatnonzero(ks[1:] < latest[:-1]) + 1
     first = ""
     if len(bad):
-        row = bad.sort("s").row(0, named=True)
-        same = df.filter((pl.col("t") == row["t"]) & (pl.col("s") <= row["s"])
-                         & (pl.col("e") > row["s"]) & (pl.col("r") != row["r"]))
-        other = same.sort("s")["r"][0]
-        first = f"{where(table, row['r'])} overlaps {where(table, other)}"
+        at = bad[np.argmin(table.start[rows[order[bad]]])]
+        holder = np.maximum.accumulate(np.where(ke == latest, np.arange(len(ke)), 0))
+        first = (f"{where(table, rows[order[at]])} overlaps "
+                 f"{where(table, rows[order[holder[at - 1]]])}")
     return _result(name, len(bad), len(rows), first, "preprocess child ranges")
 
 

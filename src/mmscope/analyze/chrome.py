@@ -1,9 +1,7 @@
 """Load a Chrome trace-event file (mmscope's `chrome` backend, torch profiler) into a RangeTable.
 
-Complete ("X") and begin/end ("B"/"E") events become ranges, instants marks; gzip, bare lists too.
-Each file's clock is known: a torch profiler trace counts from its `baseTimeNanoseconds` on the
-UTC clock; mmscope's own traces are CLOCK_MONOTONIC (their `clock` metadata event, which also
-gives the wall clock's offset). Several files are one profile only on one clock (see load_all).
+X and B/E events become ranges, instants marks (gzip, bare lists too); each file's clock is
+known (torch: its UTC base time; mmscope: CLOCK_MONOTONIC) and a folder is read on one clock.
 """
 from __future__ import annotations
 
@@ -26,6 +24,8 @@ def looks_like_json(head: bytes) -> bool:
     return head.startswith(GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"[")
 
 
+# A torch profiler trace counts from its `baseTimeNanoseconds` on the UTC clock; mmscope's own
+# traces are CLOCK_MONOTONIC, their `clock` metadata event giving the wall clock's offset.
 @dataclass(frozen=True)
 class Clock:
     """A trace's clock: `domain` names it; `wall_offset_ns` turns its times into UTC epoch ns

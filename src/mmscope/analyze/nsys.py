@@ -1,7 +1,7 @@
 """Load the SQLite file of `nsys export --type sqlite` (or `mmscope record`) into a RangeTable.
 
-Read through DuckDB's SQLite scanner, read-only; both schema eras (text vs textId -> StringIds,
-with or without eventId); per-process domains; the session's start on the UTC clock.
+Read through DuckDB's SQLite scanner; both schema eras (text vs textId -> StringIds, with or
+without eventId); per-process domains; the session's start on the UTC clock.
 """
 from __future__ import annotations
 
@@ -87,6 +87,11 @@ def _read_events(con, name: str, cols: set[str]) -> dict:
     rowid = np.asarray(got[keys[0]])
     with_text = np.asarray(got[keys[-1]]) if has_text else None
     del got
+    if len(rowid) > 1 and (rowid[1:] < rowid[:-1]).any():  # DuckDB's threads keep it; else:
+        order = np.argsort(rowid, kind="stable")
+        rowid = rowid[order]
+        out = {k: v[order] for k, v in out.items()}
+        with_text = with_text[order] if with_text is not None else None
     out["text_code"], out["texts"] = _text_codes(con, name, rowid, with_text)
     return out
 

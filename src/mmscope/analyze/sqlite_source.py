@@ -1,8 +1,7 @@
 """Open an SQLite file for reading through DuckDB's SQLite scanner, leaving the file as found.
 
-Rollback-journal files and WAL files with a live writer (its `-shm` beside) are read in place,
-read-only; a WAL file without a `-shm` is read from a private copy with its `-wal`, since SQLite
-creates both files to read one, even on a read-only connection.
+In place and read-only, except a WAL file without its `-shm`: SQLite would create that (and a
+`-wal`) even to read it, so such a file is read from a private copy.
 """
 from __future__ import annotations
 

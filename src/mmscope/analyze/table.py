@@ -217,8 +217,8 @@ def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
     parent = np.full(n, NO_PARENT, dtype=np.int64)
     if n == 0:
         return depth, parent, np.zeros(0, np.int64)
-    g = _group_index(thread, sub)
-    ks_row, ke_row = _packed_keys(g, start, end)
+    g = group_index(thread, sub)
+    ks_row, ke_row = packed_keys(g, start, end)
     order, ks = _sort_order(ks_row, ke_row, g)
     del g, ks_row
     ke = ke_row[order]
@@ -292,7 +292,7 @@ def _through(index: np.ndarray, at: np.ndarray) -> np.ndarray:
     return out
 
 
-def _group_index(thread: np.ndarray, sub: np.ndarray) -> np.ndarray:
+def group_index(thread: np.ndarray, sub: np.ndarray) -> np.ndarray:
     """A dense id per (thread, sub) pair; profiles have few threads, so lookups are cheap."""
     import polars as pl
 
@@ -305,7 +305,7 @@ def _group_index(thread: np.ndarray, sub: np.ndarray) -> np.ndarray:
     return g
 
 
-def _packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
+def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
     """(group, time) packed into one int64, so that one sort or search serves every group."""
     t0 = int(s.min())
     bits = max(int(e.max()) - t0, 1).bit_length()
