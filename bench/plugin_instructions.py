@@ -65,10 +65,12 @@ def non_negative(text: str) -> int:
 def workload_batch(batch_no: int, requests: int) -> list[dict]:
     """Single-image requests; half the images repeat earlier ones of the batch (hits and misses
     both exercised); fresh images per batch, so that each batch does the same encoder work."""
-    from mmscope.demo.workload import prompt
+    from mmscope.demo.media import image
 
     base = 100_000 * batch_no
-    return [prompt([base + (i // 2 if i % 2 else i)], f"Question {i}?") for i in range(requests)]
+    return [{"prompt": f"<s>user: <image>Question {i}?\nassistant:",
+             "multi_modal_data": {"image": image(base + (i // 2 if i % 2 else i))}}
+            for i in range(requests)]
 
 
 def engine(model: str):
