@@ -123,3 +123,14 @@ def test_sqlite_without_nvtx_table(tmp_path):
     F.NsysFile(path, nvtx=False).close()
     with pytest.raises(UserError, match="NVTX_EVENTS"):
         nsys.load(str(path))
+
+
+def test_the_session_start_names_the_clock(tmp_path):
+    path = tmp_path / "clock.sqlite"
+    with F.NsysFile(path) as f:
+        f.range("a", 0, 10)
+        f.con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME (utcEpochNs, utcTime, "
+                      "localTime) VALUES (1700000000123456789, 'x', 'y')")
+    assert nsys.load(str(path)).clock == ("nsys session, started at UTC epoch "
+                                          "1700000000123456789 ns")
+    assert "not recorded" in nsys.load(F.pipeline_file(tmp_path / "p.sqlite")).clock

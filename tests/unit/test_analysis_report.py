@@ -125,3 +125,13 @@ def test_one_batch_size_gives_no_fit_and_says_why(tmp_path):
     analysis, text = report_of(write_steps(tmp_path / "one.sqlite", steps=same))
     assert analysis.steps["fit"] is None
     assert "no fit of forward time against tokens: every joined step has 8 tokens" in text
+
+
+def test_profile_header_by_hand(built):
+    analysis, text = built
+    info = analysis.profile
+    # 4 step_meta, 4 preprocess, 2 vit_forward, 4 forward on one thread; from 0 to the last
+    # forward's end at 30000 + 2000 + 300 ns.
+    assert (info["ranges"], info["threads"], info["processes"], info["span_ns"],
+            info["unclosed"], info["marks"]) == (14, 1, 1, 32_300, 0, 0)
+    assert "14 ranges, 1 threads, 1 processes, span 32.3 µs" in text
