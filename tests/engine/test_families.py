@@ -13,6 +13,7 @@ from mmscope.demo import tiny_model
 from mmscope.emit import tracing
 from tests.kit import traces as tk
 from tests.kit.engine import counters, offline_llm
+from tests.kit.server import chat_parts, metrics, video_data_url
 
 pytestmark = pytest.mark.vllm
 
@@ -22,6 +23,11 @@ HASH_BRANCH = {"image": "pil_image", "video": "ndarray", "audio": "ndarray"}
 SEEDS = {"image": 300, "video": 400, "audio": 500}
 
 
+def built(tmp_path_factory, arch: str) -> str:
+    """One directory per family for the session (the build is idempotent)."""
+    return tiny_model.build(str(tmp_path_factory.getbasetemp() / f"tiny-{arch}"), arch=arch)
+
+
 @pytest.fixture(scope="module", params=sorted(MODALITIES))
 def family(request, tmp_path_factory):
     """One engine per family, tracing to its own folder, as a process started with
@@ -29,7 +35,7 @@ def family(request, tmp_path_factory):
     from mmscope.vllm.instrumentor import get_instrumentor
 
     arch = request.param
-    model = tiny_model.build(str(tmp_path_factory.mktemp(f"tiny-{arch}")), arch=arch)
+    model = built(tmp_path_factory, arch)
     trace_dir = tmp_path_factory.mktemp(f"traces-{arch}")
     env = pytest.MonkeyPatch()
     env.setenv("MMSCOPE_TRACE", "chrome")
@@ -155,3 +161,20 @@ def test_image_and_video_in_one_request(family):
     hashes = sorted(r.name for r in rs if r.name.startswith(stages.HASH_PREFIX))
     assert hashes == sorted([stages.hash_range("pil_image")]
                             + [stages.hash_range(HASH_BRANCH["video"])] * 2)
+
+
+def test_a_server_counts_a_chat_video(tmp_path_factory, tmp_path):
+    """The OpenAI server's processes (EngineCore is spawned) get the video processor through the
+    start-up folder VllmServer puts on PYTHONPATH; an mp4 sent twice is one miss and one hit."""
+    from mmscope.demo.serve import VllmServer
+
+    model = built(tmp_path_factory, "qwen2_5_vl")
+    with VllmServer(model, str(tmp_path / "vllm.log"), extra_args=[
+            "--limit-mm-per-prompt", '{"image": 2, "video": 2}']) as srv:
+        clip = [{"type": "video_url", "video_url": {"url": video_data_url(800)}}]
+        chat_parts(srv.url, model, clip, "What happens?")
+        chat_parts(srv.url, model, clip, "And again?")
+        m = metrics(srv.url)
+    assert (m["encoder_cache_queries_by_modality{modality=video}"],
+            m["encoder_cache_hits_by_modality{modality=video}"], m["encoder_cache_misses"],
+            m["encoder_cache_hits_by_source{source=local}"]) == (2, 1, 1, 1)

@@ -1,8 +1,11 @@
-"""Talking to a live vLLM OpenAI server from tests: image chat requests and /metrics readouts."""
+"""Talking to a live vLLM OpenAI server from tests: image and video chat requests and /metrics
+readouts."""
 from __future__ import annotations
 
 import base64
 import io
+import os
+import tempfile
 
 import httpx
 
@@ -16,10 +19,33 @@ def data_url(i: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def video_data_url(i: int, frames: int = 4, size=(56, 56), fps: float = 2.0) -> str:
+    """An mp4 of mmscope.demo.media.video(i): vLLM decodes it with OpenCV, which it installs."""
+    import cv2
+
+    from mmscope.demo import media
+
+    array, _ = media.video(i, frames, size, fps)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "clip.mp4")
+        writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
+        for frame in array:
+            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+        writer.release()
+        with open(path, "rb") as f:
+            return "data:video/mp4;base64," + base64.b64encode(f.read()).decode()
+
+
 def chat(url: str, model: str, images: list[int], text: str = "What is this?",
          max_tokens: int = 3) -> dict:
     content = [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images]
-    content.append({"type": "text", "text": text})
+    return chat_parts(url, model, content, text, max_tokens)
+
+
+def chat_parts(url: str, model: str, parts: list[dict], text: str = "What is this?",
+               max_tokens: int = 3) -> dict:
+    """One user message: the given media parts, then the text."""
+    content = [*parts, {"type": "text", "text": text}]
     r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
         "model": model, "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens, "temperature": 0.0})
