@@ -91,3 +91,14 @@ def test_video_patches_are_laid_out_as_transformers_lays_them_out():
     assert out["video_grid_thw"].tolist() == [[2, 6, 4]]
     assert processor.get_num_of_video_patches(4, 84, 56) == 48
     assert out["video_metadata"][0].fps == metadata["fps"]
+
+
+def test_frames_of_another_size_are_resized_to_whole_merged_patches():
+    from mmscope.demo import media
+    from mmscope.demo.qwen_video import QwenVideoProcessorNumpy
+
+    frames, metadata = media.video(4, frames=3, size=(60, 60))
+    processor = QwenVideoProcessorNumpy(size={"shortest_edge": 56 * 56, "longest_edge": 2 * 56 * 56})
+    out = processor([frames], video_metadata=[metadata])
+    assert out["video_grid_thw"].tolist() == [[2, 4, 4]]  # 3 frames padded to 4; 60 -> 56 pixels
+    assert out["pixel_values_videos"].shape == (32, 3 * 2 * 14 * 14)

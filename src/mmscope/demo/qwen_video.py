@@ -29,7 +29,7 @@ class QwenVideoKwargs(VideosKwargs, total=False):
 
 
 class QwenVideoProcessorNumpy(VideoProcessorMixin):
-    """Frames arrive decoded (vLLM decodes and samples them), so there is no decoding or sampling."""
+    """Frames arrive decoded and sampled by vLLM, so this neither decodes nor samples."""
 
     size = {"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768}
     image_mean = OPENAI_CLIP_MEAN
@@ -66,11 +66,13 @@ class QwenVideoProcessorNumpy(VideoProcessorMixin):
                             max_pixels=size["longest_edge"])
         if (h, w) == (height, width):
             return frames
-        return np.stack([np.asarray(Image.fromarray(f).resize((w, h), Image.BICUBIC)) for f in frames])
+        return np.stack([np.asarray(Image.fromarray(f).resize((w, h), Image.BICUBIC))
+                         for f in frames])
 
     def _normalised(self, frames: np.ndarray) -> np.ndarray:
         scaled = frames.astype(np.float32) / 255.0
-        return (scaled - np.array(self.image_mean, np.float32)) / np.array(self.image_std, np.float32)
+        mean, std = np.array(self.image_mean, np.float32), np.array(self.image_std, np.float32)
+        return (scaled - mean) / std
 
     def get_num_of_video_patches(self, num_frames: int, height: int, width: int,
                                  videos_kwargs=None) -> int:
