@@ -291,8 +291,8 @@ def test_the_formatter_keeps_every_nanosecond_and_escapes_every_name():
     # microseconds with three decimals: the text holds the nanoseconds exactly
     lines = text.splitlines()
     for line, (_, t0, t1, _) in zip(lines, events):
-        assert f'"ts":{t0 // 1000}.{t0 % 1000:03d},"dur":{(t1 - t0) // 1000}.{(t1 - t0) % 1000:03d}' \
-            in line
+        ts, dur = divmod(t0, 1000), divmod(t1 - t0, 1000)
+        assert f'"ts":{ts[0]}.{ts[1]:03d},"dur":{dur[0]}.{dur[1]:03d}' in line
 
 
 def test_the_file_opens_with_the_process_name_and_the_clock(tmp_path):
