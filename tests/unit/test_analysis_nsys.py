@@ -134,3 +134,15 @@ def test_the_session_start_names_the_clock(tmp_path):
     assert nsys.load(str(path)).clock == ("nsys session, started at UTC epoch "
                                           "1700000000123456789 ns")
     assert "not recorded" in nsys.load(F.pipeline_file(tmp_path / "p.sqlite")).clock
+
+
+def test_unknown_event_types_leave_and_texts_follow_their_rows(tmp_path):
+    path = tmp_path / "odd-types.sqlite"
+    with F.NsysFile(path, old=True) as f:
+        f.range("kept", 0, 10, registered=False)
+        f.event(40000, "no nvtx type", 1, 2, 100, 100, registered=False)
+        f.event(59, None, 3, 4, 100, 100, registered=False)
+        f.range("also kept", 20, 30, registered=False)
+    t = nsys.load(str(path))
+    assert [t.name_of(i) for i in range(len(t))] == ["kept", "", "also kept"]
+    assert t.start.tolist() == [0, 3, 20]

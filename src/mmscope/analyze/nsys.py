@@ -20,9 +20,11 @@ KIND_OF_TYPE = {"NvtxPushPopRange": tbl.PUSH_POP, "NvtxtPushPopRange": tbl.PUSH_
                 "NvtxStartEndRange": tbl.START_END, "NvtxtStartEndRange": tbl.START_END,
                 "NvtxMark": tbl.MARK}
 PID_BITS = 0xFFFFFF000000  # the pid part of a globalTid, as NVIDIA's reports join domains
-# The analyzer's columns of NVTX_EVENTS; a column the file lacks reads as its default.
-COLUMNS = (("start", "0"), ("end", None), ("eventType", "0"), ("globalTid", "0"),
-           ("endGlobalTid", None), ("textId", "-1"), ("domainId", "0"))
+# The analyzer's columns of NVTX_EVENTS, their defaults where a file lacks one, and their types
+# (each column costs its width again on the way into numpy).
+COLUMNS = (("start", "0", "BIGINT"), ("end", None, "BIGINT"), ("eventType", "0", "SMALLINT"),
+           ("globalTid", "0", "BIGINT"), ("endGlobalTid", None, "BIGINT"),
+           ("textId", "-1", "BIGINT"), ("domainId", "0", "INTEGER"))
 
 
 def is_sqlite(head: bytes) -> bool:
@@ -66,49 +68,49 @@ def _q(identifier: str) -> str:
 
 
 def _read_events(con, name: str, cols: set[str]) -> dict:
-    """The columns of every NVTX row in rowid order, NULLs replaced (a missing end reads as
-    start - 1: build() takes an end before the start as none), and the texts dictionary-coded."""
+    """The columns of every NVTX row in rowid order (DuckDB keeps the scan's order), NULLs
+    replaced (a missing end reads as start - 1: build() takes an end before the start as none),
+    and the texts dictionary-coded."""
     exprs = []
-    for col, default in COLUMNS:
+    for col, default, sql_type in COLUMNS:
         have = col in cols
         if col == "end":
-            exprs.append(f"coalesce({_q(col)}, start - 1)" if have else "start - 1")
+            expr = f"coalesce({_q(col)}, start - 1)" if have else "start - 1"
+        elif col == "eventType":  # ids past SMALLINT name no NVTX type: -1, a row that leaves
+            expr = (f"CASE WHEN {_q(col)} BETWEEN 0 AND 32767 THEN {_q(col)} ELSE -1 END"
+                    if have else default)
         elif col == "endGlobalTid":
-            exprs.append(f"coalesce({_q(col)}, globalTid, 0)" if have else "coalesce(globalTid, 0)")
+            expr = f"coalesce({_q(col)}, globalTid, 0)" if have else "coalesce(globalTid, 0)"
         else:
-            exprs.append(f"coalesce({_q(col)}, {default})" if have else default)
+            expr = f"coalesce({_q(col)}, {default})" if have else default
+        exprs.append(f"CAST({expr} AS {sql_type})")
     has_text = "text" in cols
-    select = ", ".join(f"CAST({e} AS BIGINT)" for e in exprs)
     if has_text:
-        select += ", text IS NOT NULL"
-    got = con.execute(f"SELECT rowid, {select} FROM db.{_q(name)}").fetchnumpy()
+        exprs.append("text IS NOT NULL")
+    got = con.execute(f"SELECT {', '.join(exprs)} FROM db.{_q(name)}").fetchnumpy()
     keys = list(got)
-    out = {k: np.asarray(got[keys[j + 1]]) for j, (k, _) in enumerate(COLUMNS)}
-    rowid = np.asarray(got[keys[0]])
+    out = {k: np.asarray(got[keys[j]]) for j, (k, _, _) in enumerate(COLUMNS)}
     with_text = np.asarray(got[keys[-1]]) if has_text else None
     del got
-    if len(rowid) > 1 and (rowid[1:] < rowid[:-1]).any():  # DuckDB's threads keep it; else:
-        order = np.argsort(rowid, kind="stable")
-        rowid = rowid[order]
-        out = {k: v[order] for k, v in out.items()}
-        with_text = with_text[order] if with_text is not None else None
-    out["text_code"], out["texts"] = _text_codes(con, name, rowid, with_text)
+    out["text_code"], out["texts"] = _text_codes(con, name, len(out["start"]), with_text)
     return out
 
 
-def _text_codes(con, name: str, rowid: np.ndarray, with_text):
+def _text_codes(con, name: str, n: int, with_text):
     """Per row the index of its text in the returned list ("" first: no text)."""
-    codes = np.zeros(len(rowid), np.int64)
+    codes = np.zeros(n, np.int64)
     if with_text is None or not with_text.any():
         return codes, [""]
     got = con.execute(
-        f"SELECT rowid, text FROM db.{_q(name)} WHERE text IS NOT NULL ORDER BY rowid"
-    ).fetchnumpy()
-    keys = list(got)
+        f"SELECT text FROM db.{_q(name)} WHERE text IS NOT NULL ORDER BY rowid").fetchnumpy()
+    values = got[list(got)[0]]
+    at = np.flatnonzero(with_text)
+    if len(values) != len(at):
+        raise UserError(f"NVTX_EVENTS changed while it was read ({len(at)} texts, then "
+                        f"{len(values)})")
     texts: dict[str, int] = {"": 0}
-    found = np.fromiter((texts.setdefault(str(t), len(texts)) for t in got[keys[1]]),
-                        np.int64, len(got[keys[1]]))
-    codes[np.searchsorted(rowid, np.asarray(got[keys[0]]))] = found
+    codes[at] = np.fromiter((texts.setdefault(str(t), len(texts)) for t in values), np.int64,
+                            len(values))
     return codes, list(texts)
 
 

@@ -69,7 +69,9 @@ def connect(path: str, threads: int | None = None):
     """A DuckDB connection with `path` attached read-only as the catalog `db`."""
     import duckdb
 
-    config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    # Rows come back in the scan's (rowid) order, which the reader's second query relies on.
+    config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+              "preserve_insertion_order": True}
     if threads is not None:
         config["threads"] = threads
     con = duckdb.connect(config=config)
