@@ -6,8 +6,6 @@ known (torch: its UTC base time; mmscope: CLOCK_MONOTONIC) and a folder is read 
 from __future__ import annotations
 
 import gzip
-import json
-
 import os
 from dataclasses import dataclass
 
