@@ -157,12 +157,13 @@ def test_an_exception_of_ours_turns_the_hook_off_once_and_puts_the_original_back
             assert Target.__dict__["work"] is ORIGINAL_WORK
             assert Target().work(2) == 3  # vLLM's original now: our code no longer runs
         assert seen == ["ours ran"]
-        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        warnings = [r.getMessage() for r in caplog.records
+                    if r.levelno == logging.WARNING and r.name == "vllm.mmscope"]
         assert warnings == ["mmscope: hook test.explode raised RuntimeError: bug in mmscope; "
                             "it is now off and vLLM continues without it"]
         assert h.status == OFF and h.describe() == "off: after error: RuntimeError: bug in mmscope"
         failed("test.explode", RuntimeError("again"))  # a second thread raising late: no-op
-        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+        assert len([r for r in caplog.records if r.name == "vllm.mmscope"]) == 1
     finally:
         h.revert()
 
@@ -215,3 +216,44 @@ def test_every_hook_and_vllm_scope_hook_checks_ok_in_process():
 
     for h in targets.all_hooks() + targets.vllm_scope_hooks():
         assert h.check() == (True, ""), (h.name, h.detail)
+
+
+class Unweakable:
+    """A stat logger mmscope cannot key weakly: its lookup fails in mmscope's own code."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self):
+        self.calls = 0
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+        self.calls += 1
+
+
+def test_a_plugin_wrapper_that_raises_puts_vllms_method_back(caplog):
+    """The real stat_loggers.record hook on vLLM's StatLoggerManager: vLLM's loop has run for
+    every logger when ours fails; the hook turns off, and the next step is vLLM's alone."""
+    from types import SimpleNamespace as NS
+
+    from vllm.v1.metrics.loggers import StatLoggerManager
+
+    from mmscope.vllm import targets
+
+    original = StatLoggerManager.__dict__["record"]
+    hook = next(h for h in targets.metrics_hooks() if h.name == "stat_loggers.record")
+    assert hook.apply() == APPLIED
+    try:
+        manager = object.__new__(StatLoggerManager)
+        manager.stat_loggers = [Unweakable()]
+        stats = NS(encoder_cache_stats={"queries": 1}, mm_stage_durations=None)
+        with caplog.at_level(logging.WARNING, logger="vllm.mmscope"):
+            for _ in range(2):
+                manager.record(scheduler_stats=stats, iteration_stats=None, engine_idx=0)
+        assert manager.stat_loggers[0].calls == 2  # vLLM's own work, both times
+        assert StatLoggerManager.__dict__["record"] is original and hook.status == OFF
+        warnings = [r.getMessage() for r in caplog.records
+                    if r.levelno == logging.WARNING and r.name == "vllm.mmscope"]
+        assert len(warnings) == 1 and warnings[0].startswith(
+            "mmscope: hook stat_loggers.record raised TypeError: ")
+    finally:
+        hook.revert()
