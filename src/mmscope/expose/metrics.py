@@ -81,7 +81,7 @@ class EncoderCacheProm:
         # (engine, wire key) -> the child's inc or set: labels() takes a lock and hashes the
         # values on every call, so each child is resolved once; resolving creates it at 0.
         self._updates: dict[tuple[int, str], object] = {}
-        self._metrics = {**counters, **labeled, **gauges}
+        self._labeled = labeled
         for idx, values in per_engine_labelvalues.items():
             for key, metric in counters.items():
                 self._updates[(idx, key)] = metric.labels(*values).inc
@@ -105,7 +105,7 @@ class EncoderCacheProm:
         found = self._updates.get((engine_idx, wire_key), False)
         if found is False:
             key, _, label = wire_key.partition(":")
-            metric = self._metrics.get(key) if label else None
+            metric = self._labeled.get(key) if label else None
             found = metric.labels(*self.labelvalues[engine_idx], label).inc if metric else None
             self._updates[(engine_idx, wire_key)] = found
         return found
