@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.table import (RangeTable, group_index, latest_before, packed_keys,
-                                   packed_order)
+from mmscope.analyze.table import RangeTable, enclosing, group_index, packed_keys, packed_order
 
 SIBLINGS = stages.PREPROCESS_SIBLINGS
 
@@ -36,13 +35,8 @@ def where(table: RangeTable, row: int) -> str:
 
 
 def _inside(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
-    """For each inner row, the enclosing outer row on its thread, or -1."""
-    cand = latest_before(table, outer, inner)
-    ok = cand >= 0
-    safe = np.maximum(cand, 0)
-    ok &= table.end[safe] >= table.end[inner]
-    ok &= (table.end[safe] > table.start[inner]) | (table.start[safe] == table.start[inner])
-    return np.where(ok, cand, -1)
+    """For each inner row, the outer row that contains it (its nearest such ancestor), or -1."""
+    return enclosing(table, outer, inner)
 
 
 def vit_excludes_save(table: RangeTable) -> dict:

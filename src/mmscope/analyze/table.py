@@ -351,6 +351,25 @@ def _sort_order(ks: np.ndarray, ke: np.ndarray, g: np.ndarray):
     return order, sk
 
 
+def enclosing(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """For each inner row, its nearest ancestor among the outer rows (-1 if none): the
+    containment the nesting found, climbed one level a round."""
+    found = np.full(len(inner), NO_PARENT, dtype=np.int64)
+    if len(inner) == 0 or len(outer) == 0:
+        return found
+    is_outer = np.zeros(len(table), bool)
+    is_outer[outer] = True
+    pending = np.arange(len(inner))
+    up = table.parent[inner]
+    while len(pending):
+        live = up >= 0
+        pending, up = pending[live], up[live]
+        hit = is_outer[up]
+        found[pending[hit]] = up[hit]
+        pending, up = pending[~hit], table.parent[up[~hit]]
+    return found
+
+
 def latest_before(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """For each inner row, the outer row on the same thread that started last at or before it
     (-1 if none): the candidate enclosing range, or the step_meta a forward joins. Of outer rows
