@@ -28,8 +28,14 @@ def _hash_types():
 
 
 def hash_branch(obj) -> str:
-    """The MultiModalHasher.serialize_item branch that serializes `obj` (vLLM 0.32's order)."""
+    """The MultiModalHasher.serialize_item branch that serializes `obj` (vLLM 0.32's order). A
+    list, tuple or dict is hashed element by element: it is named after its first element, the
+    media (a video's `(frames, metadata)` is its frames' ndarray)."""
     ndarray, tensor, image, media_with_bytes = _hash_types()
+    if isinstance(obj, (list, tuple)) and obj:
+        return hash_branch(obj[0])
+    if isinstance(obj, dict) and obj:
+        return hash_branch(next(iter(obj.values())))
     if isinstance(obj, (bytes, memoryview)):
         return "bytes"
     if isinstance(obj, str):

@@ -24,41 +24,51 @@ def encoder_forward(wrapped, runner, args, kwargs):
     return timed_stage(stages.VIT_FORWARD, WORKER, wrapped(*args, **kwargs))
 
 
-def timed(name: str):
-    """A wrapper timing the whole call as one worker stage (a span too while tracing)."""
+def timed(name: str, multimodal=None):
+    """A wrapper timing the whole call as one worker stage (a span too while tracing). With
+    `multimodal(result, args, kwargs)`, a call of a step without multimodal embeddings (a decode
+    step) gives no histogram sample: the stage describes multimodal work."""
     def wrapper(wrapped, instance, args, kwargs):
         if tracing.on:
             with timed_stage(name, WORKER):
                 return wrapped(*args, **kwargs)
         t0 = time.perf_counter_ns()
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            if ENABLED:
-                WORKER.record(name, time.perf_counter_ns() - t0)
+        result = wrapped(*args, **kwargs)
+        if ENABLED and (multimodal is None or multimodal(result, args, kwargs)):
+            WORKER.record(name, time.perf_counter_ns() - t0)
+        return result
     return wrapper
 
 
-gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS)
+def _gathered(result, args, kwargs) -> bool:
+    return bool(result[0])  # (mm_embeds, is_mm_embed): the step's gathered embeddings
+
+
+def _merged(result, args, kwargs) -> bool:
+    embeddings = kwargs.get("multimodal_embeddings", args[1] if len(args) > 1 else None)
+    return bool(embeddings is not None and len(embeddings))
+
+
+gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS, _gathered)
 prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS)
 
 
 # --- instance methods, wrapped once their object exists ----------------------------------------
 # The model's embed_input_ids and the EC connector's load/save differ by class, so their instances
 # are wrapped when made; uninstrument() unwraps them and instrument() wraps them again.
-_instance_wraps: list[tuple[weakref.ref, str, str]] = []
+_instance_wraps: list[tuple] = []  # (weak reference, attribute, stage, multimodal test)
 
 
-def wrap_instance(obj, attr: str, name: str) -> None:
+def wrap_instance(obj, attr: str, name: str, multimodal=None) -> None:
     if isinstance(getattr(obj, attr, None), wrapt.FunctionWrapper):
         return
-    wrapt.wrap_function_wrapper(obj, attr, timed(name))
-    if not any(ref() is obj and a == attr for ref, a, _ in _instance_wraps):
-        _instance_wraps.append((weakref.ref(obj), attr, name))
+    wrapt.wrap_function_wrapper(obj, attr, timed(name, multimodal))
+    if not any(ref() is obj and a == attr for ref, a, *_ in _instance_wraps):
+        _instance_wraps.append((weakref.ref(obj), attr, name, multimodal))
 
 
 def unwrap_instances() -> None:
-    for ref, attr, _ in _instance_wraps:
+    for ref, attr, *_ in _instance_wraps:
         obj = ref()
         method = getattr(obj, attr, None) if obj is not None else None
         if isinstance(method, wrapt.FunctionWrapper):
@@ -67,8 +77,8 @@ def unwrap_instances() -> None:
 
 def rewrap_instances() -> None:
     _instance_wraps[:] = [w for w in _instance_wraps if w[0]() is not None]
-    for ref, attr, name in list(_instance_wraps):
-        wrap_instance(ref(), attr, name)
+    for ref, attr, name, multimodal in list(_instance_wraps):
+        wrap_instance(ref(), attr, name, multimodal)
 
 
 def model_loaded(hook_name: str):
@@ -77,7 +87,7 @@ def model_loaded(hook_name: str):
         result = wrapped(*args, **kwargs)
         try:
             if getattr(runner, "model", None) is not None:
-                wrap_instance(runner.model, "embed_input_ids", stages.EMBED_INPUT_IDS)
+                wrap_instance(runner.model, "embed_input_ids", stages.EMBED_INPUT_IDS, _merged)
         except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
             failed(hook_name, e)
         return result
