@@ -23,6 +23,8 @@ def _entry_point_registered() -> bool:
 
 
 def report() -> dict:
+    from mmscope.demo import environment
+
     from mmscope.errors import UserError
 
     try:
@@ -41,7 +43,8 @@ def report() -> dict:
             "version_supported": instrumentor.version_supported(),
             "standing": release_check.standing(version),
             "entry_point": _entry_point_registered(), "hooks": hooks,
-            "releases": release_check.releases_report()}
+            "releases": release_check.releases_report(),
+            "torchvision": environment.torchvision_status()}
 
 
 def run(args) -> int:
@@ -72,6 +75,7 @@ def run(args) -> int:
     console.print(table)
     console.print(f"{len(data['hooks']) - len(failed)}/{len(data['hooks'])} hooks ok")
     console.print(_releases_table(data["releases"]))
+    console.print(data["torchvision"], highlight=False)
     return 1 if failed or not data["entry_point"] else 0
 
 
