@@ -3,6 +3,7 @@ name, is a traced range while tracing, and keeps vLLM's results, errors and own 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 import pytest
@@ -117,7 +118,11 @@ def hash_calls():
             ({"n": 3}, "number"),
             ({"t": torch.arange(6)}, "tensor"),
             ({"a": np.arange(6)}, "ndarray"),
-            ({"other": ("a", 1)}, "pickle"),
+            ({"other": {1, 2}}, "pickle"),
+            # containers are hashed element by element: named after their first element
+            ({"video": (np.zeros((2, 4, 4, 3), np.uint8), {"fps": 2})}, "ndarray"),
+            ({"image": [picture, picture]}, "pil_image"),
+            ({"audio": {"array": np.zeros(16), "sr": 16000}}, "ndarray"),
             ({"image": picture, "video": b"raw"}, "mixed")]
 
 
@@ -167,9 +172,10 @@ def test_the_encoder_forward_is_one_vit_forward_range_per_encoder_batch(tmp_path
 # --- timed methods -----------------------------------------------------------------------------
 class Runner:
     def _gather_mm_embeddings(self, scheduler_output, scale=1):
+        """(mm_embeds, is_mm_embed) as vLLM returns them; a decode step gathers none."""
         if scheduler_output < 0:
             raise ValueError("vLLM's own error")
-        return scheduler_output * scale
+        return [scale] * scheduler_output, "mask"
 
 
 def timed_hook() -> Hook:
@@ -184,15 +190,30 @@ def test_a_timed_method_records_once_per_call_and_keeps_results_and_errors(tmp_p
     hook = timed_hook()
     hook.apply()
     try:
-        assert Runner()._gather_mm_embeddings(3, scale=2) == 6
+        assert Runner()._gather_mm_embeddings(3, scale=2) == ([2, 2, 2], "mask")
+        assert Runner()._gather_mm_embeddings(1) == ([1], "mask")
         with pytest.raises(ValueError, match="vLLM's own error"):
             Runner()._gather_mm_embeddings(-1)
+        WORKER.drain()
+        # a decode step gathers no multimodal embeddings: no histogram sample, traced or not
+        assert Runner()._gather_mm_embeddings(0) == ([], "mask")
+        assert not WORKER.pending
+    finally:
+        hook.revert()
+    if tracing_on:
+        assert traced_names(tmp_path)[:2] == [stages.GATHER_MM_EMBEDDINGS] * 2
+
+
+def test_two_calls_give_two_samples():
+    hook = timed_hook()
+    hook.apply()
+    try:
+        Runner()._gather_mm_embeddings(3, scale=2)
+        Runner()._gather_mm_embeddings(1)
     finally:
         hook.revert()
     durations = WORKER.drain()[stages.GATHER_MM_EMBEDDINGS]
-    assert len(durations) == 2 and all(d > 0 for d in durations)  # the failed call too
-    if tracing_on:
-        assert traced_names(tmp_path) == [stages.GATHER_MM_EMBEDDINGS] * 2
+    assert len(durations) == 2 and all(d > 0 for d in durations)
 
 
 def test_the_table_times_vllms_gather_and_prepare_methods():
@@ -212,7 +233,7 @@ def test_a_full_stage_counts_drops_instead_of_growing():
     try:
         WORKER.durations[stages.GATHER_MM_EMBEDDINGS] = [1] * MAX_PER_STAGE
         dropped = WORKER.dropped
-        assert Runner()._gather_mm_embeddings(1) == 1
+        assert Runner()._gather_mm_embeddings(1) == ([1], "mask")
         assert len(WORKER.durations[stages.GATHER_MM_EMBEDDINGS]) == MAX_PER_STAGE
         assert WORKER.dropped == dropped + 1
     finally:
@@ -220,9 +241,9 @@ def test_a_full_stage_counts_drops_instead_of_growing():
 
 
 # --- instance methods: the model's embed_input_ids, the EC connector's load and save ---------
-class Model:
-    def embed_input_ids(self, ids):
-        return [i * 2 for i in ids]
+class Model:  # vLLM's SupportsMultiModal.embed_input_ids
+    def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):
+        return [i * 2 for i in input_ids]
 
 
 def test_instance_methods_are_unwrapped_and_wrapped_again_by_uninstrument_and_instrument():
@@ -259,8 +280,35 @@ def test_the_model_loaded_hook_wraps_the_models_embed_input_ids():
     try:
         runner = LoadingRunner()
         assert runner.load_model() == "loaded"
-        assert runner.model.embed_input_ids([5]) == [10]
+        assert runner.model.embed_input_ids([5], [[0.5]], is_multimodal=[True]) == [10]
         assert counts(WORKER) == {stages.EMBED_INPUT_IDS: 1}
+        # a step without multimodal embeddings: no sample
+        assert runner.model.embed_input_ids([5]) == [10] and not WORKER.pending
+        assert runner.model.embed_input_ids([5], multimodal_embeddings=[]) == [10]
+        assert not WORKER.pending
     finally:
         hook.revert()
         worker.unwrap_instances()
+
+
+def test_a_failing_record_turns_the_stage_hook_off_and_vllm_goes_on(caplog):
+    """Our bug inside a stage timer (here: a collector whose bucket is no list) costs the stage
+    its hook, after one warning; vLLM's result, and vLLM's own error, stay vLLM's."""
+    hook = Hook("ranges.gather_mm_embeddings", f"{__name__}:Runner._gather_mm_embeddings",
+                ("self", "scheduler_output"), worker.gather_mm_embeddings, "ranges", "worker")
+    original = Runner.__dict__["_gather_mm_embeddings"]
+    hook.apply()
+    WORKER.durations[stages.GATHER_MM_EMBEDDINGS] = "not a list"  # our bug, not vLLM's
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm.mmscope"):
+            with pytest.raises(ValueError, match="vLLM's own error"):
+                Runner()._gather_mm_embeddings(-1)
+            assert Runner()._gather_mm_embeddings(4) == ([1] * 4, "mask")
+            assert Runner()._gather_mm_embeddings(5) == ([1] * 5, "mask")
+        assert Runner.__dict__["_gather_mm_embeddings"] is original
+        ours = [r.getMessage() for r in caplog.records if r.name == "vllm.mmscope"]
+        assert len(ours) == 1 and ours[0].startswith(
+            "mmscope: hook ranges.gather_mm_embeddings raised AttributeError")
+    finally:
+        hook.revert()
+        WORKER.durations.pop(stages.GATHER_MM_EMBEDDINGS, None)
