@@ -54,13 +54,10 @@ class _Spans(Decorates):
         return False
 
 
-_factory: Callable[[str], object] = _NoSpan
-
-
-def span(name: str):
-    """A named range, `with tracing.span("x"):` or `@tracing.span("x")`: the span of the one
-    backend that records (its own class, the cheapest), of several, or one that records nothing."""
-    return _factory(name)
+# A named range, `with tracing.span("x"):` or `@tracing.span("x")`: the span class of the one
+# backend that records (the cheapest), of several, or one that records nothing. Rebound by
+# configure(): look it up as `tracing.span` at each use, never import the name.
+span: Callable[[str], object] = _NoSpan
 
 
 def mark(name: str) -> None:
@@ -99,13 +96,13 @@ def configure(spec: str | None = None, trace_dir: str | None = None) -> tuple[st
     except ValueError as e:
         logger.warning("mmscope: %s; tracing stays off", e)
         names = ()
-    global _backends, on, _factory
+    global _backends, on, span
     for b in _backends:
         b.close()
     # NVTX with no tool attached records nothing: dropped, so spans cost what disabled ones do.
     _backends = tuple(b for b in (make_backend(n, trace_dir) for n in names) if b.live)
     on = bool(_backends)
-    _factory = _backends[0].span if len(_backends) == 1 else _Spans if _backends else _NoSpan
+    span = _backends[0].span if len(_backends) == 1 else _Spans if _backends else _NoSpan
     return names
 
 
