@@ -1,4 +1,4 @@
-"""The work mmscope adds to vLLM, counted in instructions by Callgrind (DESIGN §8's measure):
+"""The work mmscope adds to vLLM, counted in instructions by Callgrind (docs/design.md §8's measure):
 one in-process engine, batches of image chats, the plugin off, on with tracing off, and on with every
 range on, interleaved, each batch counted on its own.
 

@@ -1,4 +1,4 @@
-"""Benchmark of `mmscope record` (DESIGN §8): cost of a recorded NVTX range, and writing speed.
+"""Benchmark of `mmscope record` (docs/design.md §8): cost of a recorded NVTX range, and writing speed.
 
 1. ns per push/pop pair through nvtx's lowest-level Python API, in subprocesses with and without
    NVTX_INJECTION64_PATH, interleaved round by round; the target is recorded <= 1.5x bare.

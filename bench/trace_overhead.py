@@ -1,4 +1,4 @@
-"""Cost of one span per backend, side by side with its floor, measured in one run (DESIGN §8).
+"""Cost of one span per backend, side by side with its floor, measured in one run (docs/design.md §8).
 
 Run: .venv/bin/python bench/trace_overhead.py [--n 200000] [--repeat 7]
 """

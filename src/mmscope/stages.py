@@ -1,4 +1,4 @@
-"""The catalogue of every range name mmscope emits or reads (DESIGN §3).
+"""The catalogue of every range name mmscope emits or reads (docs/design.md §3).
 
 Emitters and the analyzer import these names; no other module spells a range name.
 """

@@ -1,4 +1,4 @@
-"""Nothing the plugin writes is lost at a normal stop of a real server (DESIGN §9): vLLM's default
+"""Nothing the plugin writes is lost at a normal stop of a real server (docs/design.md §9): vLLM's default
 shutdown kills EngineCore without atexit, so the access log and the chrome traces must reach the
 disk within about a second while the server runs, and keep every committed record after SIGTERM."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Encoder-cache accounting end to end in the offline engine: exact counts for scripted sequences,
-budget deferrals, chunked prefill, preemption, probe lines (DESIGN §4)."""
+budget deferrals, chunked prefill, preemption, probe lines (docs/design.md §4)."""
 from __future__ import annotations
 
 import logging
@@ -122,7 +122,7 @@ def test_offline_stats_line_carries_encoder_hit_rate(engine):
     assert line.endswith(f"Encoder cache hit rate: {rate:.1f}%")
 
 
-# --- the prefix cache: items it spares are their own outcome (DESIGN §4), not queries ----------
+# --- the prefix cache: items it spares are their own outcome (docs/design.md §4), not queries ----------
 def _text_of_tokens(llm, n: int, word: str) -> str:
     """Text that the tiny model's tokenizer turns into at least n tokens."""
     tokenizer = llm.get_tokenizer()

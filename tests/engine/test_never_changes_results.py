@@ -1,4 +1,4 @@
-"""DESIGN §9: the plugin never changes vLLM's results, and a failing hook never takes vLLM down."""
+"""docs/design.md §9: the plugin never changes vLLM's results, and a failing hook never takes vLLM down."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Encoder-cache accounting by the rules of DESIGN §4, independent of any serving engine.
+"""Encoder-cache accounting by the rules of docs/design.md §4, independent of any serving engine.
 
 The scheduler proposes a tentative decision per (request, item); only the step's outcome commits it.
 """
@@ -120,7 +120,7 @@ class EncoderCacheLedger:
 
     def prefix_covered(self, item: Item) -> None:
         """The request was scheduled with all of the item's placeholder tokens in prefix-cache
-        hits: vLLM never looks the item up (DESIGN §4 "prefix-covered"). Once per (request,
+        hits: vLLM never looks the item up (docs/design.md §4 "prefix-covered"). Once per (request,
         item), like a query."""
         done = self._committed[item.request_id]
         if item.index in done:

@@ -17,7 +17,7 @@ RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 
 
 def accounting_hooks() -> list[Hook]:
-    """EngineCore: the scheduler's encoder decisions (DESIGN §4)."""
+    """EngineCore: the scheduler's encoder decisions (docs/design.md §4)."""
     return [
         Hook("encoder_cache.local_hit", f"{ECM}.check_and_update_cache",
              ("self", "request", "input_id"), sch.cache_checked, "accounting", "EngineCore"),
@@ -54,7 +54,7 @@ def metrics_hooks() -> list[Hook]:
 
 
 def range_hooks() -> list[Hook]:
-    """API server and worker: the stage ranges of DESIGN §3, step telemetry, stage timings."""
+    """API server and worker: the stage ranges of docs/design.md §3, step telemetry, stage timings."""
     return [
         Hook("ranges.hash", "vllm.multimodal.hasher:MultiModalHasher.hash_kwargs",
              ("cls", "algorithm"), processor.item_hashed, "ranges", "API server"),

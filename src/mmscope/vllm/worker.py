@@ -1,4 +1,4 @@
-"""Worker wrappers: the disjoint siblings under `gpu_model_runner: preprocess` (DESIGN §3), the
+"""Worker wrappers: the disjoint siblings under `gpu_model_runner: preprocess` (docs/design.md §3), the
 step's shape, and the stage durations sent to EngineCore.
 """
 from __future__ import annotations
