@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from mmscope.vllm.patching import APPLIED, MISMATCH, MISSING, NOT_APPLIED, OFF, Hook, failed
+from mmscope.vllm.patching import (APPLIED, MISMATCH, MISSING, NOT_APPLIED, OFF, Hook, failed,
+                                   retire)
 
 
 class Target:
@@ -193,6 +194,18 @@ def test_a_hook_turned_off_can_be_applied_again():
     Target().work(1)
     assert h.status == OFF
     assert h.apply() == APPLIED and Target.__dict__["work"] is not ORIGINAL_WORK
+    h.revert()
+
+
+def test_a_retired_hook_puts_the_original_back_without_a_word(caplog):
+    h = hook()
+    h.apply()
+    with caplog.at_level(logging.DEBUG, logger="vllm.mmscope"):
+        retire("test.work", "nothing to do here")
+    assert Target.__dict__["work"] is ORIGINAL_WORK
+    assert h.describe() == "retired: nothing to do here"
+    assert not [r for r in caplog.records if r.name == "vllm.mmscope"]
+    assert h.apply() == APPLIED and Target().work(1) == 2 and len(seen) == 1  # applied again
     h.revert()
 
 
