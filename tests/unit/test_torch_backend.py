@@ -123,3 +123,31 @@ def test_vllms_own_scopes_go_through_the_torch_backend_once(tmp_path, torch_trac
     assert [e["name"] for e in events] == ["gpu_model_runner: preprocess",
                                            "gpu_model_runner: vit_forward"]
     assert within(events[1], events[0])
+
+
+def test_chrome_and_torch_together_hold_the_same_tree(tmp_path):
+    from torch.profiler import ProfilerActivity, profile
+
+    from tests.kit import traces as tk
+
+    assert tracing.configure("chrome,torch", str(tmp_path / "chrome")) == ("chrome", "torch")
+    try:
+        @tracing.span("decorated")
+        def work(x):
+            with tracing.span("inner"):
+                return x * 2
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with tracing.span("outer"):
+                assert work(2) == 4
+        tracing.flush()
+    finally:
+        tracing.configure("off")
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    torch_events = annotations(tmp_path / "t.json")
+    assert [e["name"] for e in torch_events] == ["outer", "decorated", "inner"]
+    assert within(torch_events[1], torch_events[0]) and within(torch_events[2], torch_events[1])
+    chrome_ranges = tk.load(tmp_path / "chrome")[0]
+    assert [r.name for r in chrome_ranges] == ["outer", "decorated", "inner"]
+    assert tk.within(chrome_ranges[1], chrome_ranges[0])
+    assert tk.within(chrome_ranges[2], chrome_ranges[1])
