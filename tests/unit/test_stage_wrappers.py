@@ -312,3 +312,49 @@ def test_a_failing_record_turns_the_stage_hook_off_and_vllm_goes_on(caplog):
     finally:
         hook.revert()
         WORKER.durations.pop(stages.GATHER_MM_EMBEDDINGS, None)
+
+
+class Connector:  # the parts of vLLM's ECConnectorBase the wrapper reads
+    def __init__(self, role, producer, consumer):
+        self.role, self.is_producer, self.is_consumer = role, producer, consumer
+        self.loaded, self.saved = [], []
+
+    def start_load_caches(self, encoder_cache, **kwargs):
+        self.loaded.append(sorted(encoder_cache))
+
+    def save_caches(self, encoder_cache, mm_hash, **kwargs):
+        self.saved.append(mm_hash)
+
+
+class ConnectorFactory:  # ECConnectorFactory.create_connector's signature
+    @classmethod
+    def create_connector(cls, config, role):
+        return Connector(role, *config)
+
+
+@pytest.mark.parametrize("producer,consumer", [(True, False), (False, True), (True, True)])
+def test_the_worker_side_ec_connector_gets_its_load_and_save_ranges(producer, consumer):
+    from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+
+    hook = Hook("test.ec_connector", f"{__name__}:ConnectorFactory.create_connector",
+                ("cls", "config", "role"), worker.connector_created, "ranges", "worker")
+    hook.apply()
+    try:
+        scheduler_side = ConnectorFactory.create_connector((True, True), ECConnectorRole.SCHEDULER)
+        connector = ConnectorFactory.create_connector((producer, consumer), ECConnectorRole.WORKER)
+    finally:
+        hook.revert()
+    for side in (scheduler_side, connector):
+        side.start_load_caches({"h1": None})
+        side.save_caches({"h1": None}, "h1")
+    assert connector.loaded == [["h1"]] and connector.saved == ["h1"]  # vLLM's work, unchanged
+    expected = {}
+    if consumer:
+        expected[stages.EC_LOAD] = 1
+    if producer:
+        expected[stages.EC_SAVE] = 1
+    assert counts(WORKER) == expected  # the scheduler's connector moves no data: no range
+    worker.unwrap_instances()
+    connector.start_load_caches({})
+    connector.save_caches({}, "h2")
+    assert not WORKER.pending
