@@ -59,3 +59,12 @@ def test_split_prefill_decode_matches_numpy(rows):
     shape = split_prefill_decode(sched, comp, prom)
     prefill = int(sched[comp < prom].sum())
     assert shape == stages.StepShape(prefill, int(sched.sum()) - prefill, int(sched.sum()), len(rows))
+
+
+def test_timed_stages_are_every_stage_the_stage_timer_names():
+    timed = set(stages.TIMED_STAGES)
+    assert len(timed) == len(stages.TIMED_STAGES)  # no name twice
+    assert {stages.hash_range(b) for b in stages.HASH_BRANCHES + ("mixed",)} <= timed
+    assert {stages.processor_range(s) for s in stages.PROCESSOR_STAGES} <= timed
+    assert set(stages.PREPROCESS_SIBLINGS) <= timed
+    assert stages.PREPROCESS not in timed and stages.FORWARD not in timed  # vLLM's, not timed
