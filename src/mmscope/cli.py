@@ -41,21 +41,26 @@ def _available() -> dict[str, tuple[str, str]]:
     return found
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported (all of them without one), so that a warm
+    `mmscope analyze` loads nothing of the other commands."""
     parser = argparse.ArgumentParser(
         prog="mmscope",
         description="Observability for the multimodal pipeline of vLLM.")
     parser.add_argument("--version", action="version", version=f"mmscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_) in _available().items():
+    available = _available()
+    for name, (module, help_) in available.items():
         p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        if command is None or command == name or command not in available:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args = parser.parse_args(argv)
     if not getattr(args, "_module", None):
         parser.print_help()
