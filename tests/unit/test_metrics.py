@@ -139,29 +139,47 @@ def test_two_emissions_add_up_and_the_gauges_take_the_last(vllm_config, metrics_
     assert s[("vllm:encoder_cache_usage_embeds", "0", None)] == 48
 
 
-def test_the_stats_line_gets_the_encoder_hit_rate(vllm_config, metrics_hooks):
+def stats_line(mgr) -> str:
     lines = []
 
     class Recorder(logging.Handler):
         def emit(self, record):
             lines.append(record.getMessage())
 
+    target = logging.getLogger("vllm.v1.metrics.loggers")
+    handler, level = Recorder(), target.level
+    target.addHandler(handler)
+    target.setLevel(logging.DEBUG)  # an idle engine's line is a DEBUG line
+    try:
+        mgr.log()
+    finally:
+        target.removeHandler(handler)
+        target.setLevel(level)
+    found = [line for line in lines if "Avg prompt throughput" in line]
+    assert len(found) == 1, lines
+    return found[0]
+
+
+def test_the_stats_line_gets_the_encoder_hit_rate(vllm_config, metrics_hooks):
     for aggregate in (False, True):
         mgr = manager(vllm_config, aggregate=aggregate)
         record(mgr, stats_with(wire((0, Decision.COMPUTE), (1, Decision.LOCAL_HIT),
                                     (2, Decision.LOCAL_HIT), (3, Decision.LOCAL_HIT))))
-        target = logging.getLogger("vllm.v1.metrics.loggers")
-        handler, level = Recorder(), target.level
-        target.addHandler(handler)
-        target.setLevel(logging.DEBUG)  # an idle engine's line is a DEBUG line
-        try:
-            lines.clear()
-            mgr.log()
-        finally:
-            target.removeHandler(handler)
-            target.setLevel(level)
-        stats_line = [line for line in lines if "Avg prompt throughput" in line]
-        assert len(stats_line) == 1 and stats_line[0].endswith(", Encoder cache hit rate: 75.0%")
+        assert stats_line(mgr).endswith(", Encoder cache hit rate: 75.0%")
+
+
+def test_the_stats_line_gets_the_work_the_prefix_cache_spared(vllm_config, metrics_hooks):
+    mgr = manager(vllm_config)
+    ledger = EncoderCacheLedger()
+    ledger.prefix_covered(Item("r", 0, "image", "k0", 16))
+    ledger.propose(Item("r", 1, "image", "k1", 16), Decision.COMPUTE)
+    ledger.commit_step({"r"}, {"r": [1]})
+    record(mgr, stats_with(ledger.drain().to_wire()))
+    assert stats_line(mgr).endswith(
+        ", Encoder cache hit rate: 0.0%, Encoder work avoided: 50.0% of items")
+    s = samples()
+    assert s[("vllm:encoder_cache_prefix_covered_total", "0", None)] == 1
+    assert s[("vllm:encoder_cache_queries_total", "0", None)] == 1
 
 
 def test_stage_durations_of_both_processes_reach_the_histogram(vllm_config, metrics_hooks):
