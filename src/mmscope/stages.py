@@ -66,7 +66,7 @@ class StepShape:
     reqs: int
 
 
-# A %-format of (prefill, decode, total, reqs): the C step observer formats the same text.
+# A %-format of (prefill, decode, total, reqs).
 STEP_META_FORMAT = STEP_META_PREFIX + "prefill=%d decode=%d total=%d reqs=%d"
 
 

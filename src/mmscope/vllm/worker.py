@@ -24,18 +24,25 @@ def encoder_forward(wrapped, runner, args, kwargs):
     return timed_stage(stages.VIT_FORWARD, WORKER, wrapped(*args, **kwargs))
 
 
-def timed(name: str, multimodal=None):
+def timed(name: str, multimodal=None, hook: str | None = None):
     """A wrapper timing the whole call as one worker stage (a span too while tracing). With
     `multimodal(result, args, kwargs)`, a call of a step without multimodal embeddings (a decode
-    step) gives no histogram sample: the stage describes multimodal work."""
+    step) gives no histogram sample: the stage describes multimodal work. `hook`: the table's
+    hook that an error of ours turns off."""
     def wrapper(wrapped, instance, args, kwargs):
         if tracing.on:
-            with timed_stage(name, WORKER):
-                return wrapped(*args, **kwargs)
+            with tracing.span(name):
+                return _timed_call(wrapped, args, kwargs)
+        return _timed_call(wrapped, args, kwargs)
+
+    def _timed_call(wrapped, args, kwargs):
         t0 = time.perf_counter_ns()
         result = wrapped(*args, **kwargs)
-        if ENABLED and (multimodal is None or multimodal(result, args, kwargs)):
-            WORKER.record(name, time.perf_counter_ns() - t0)
+        try:
+            if ENABLED and (multimodal is None or multimodal(result, args, kwargs)):
+                WORKER.record(name, time.perf_counter_ns() - t0)
+        except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
+            failed(hook or f"ranges.{name}", e)
         return result
     return wrapper
 
@@ -49,8 +56,8 @@ def _merged(result, args, kwargs) -> bool:
     return bool(embeddings is not None and len(embeddings))
 
 
-gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS, _gathered)
-prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS)
+gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS, _gathered, "ranges.gather_mm_embeddings")
+prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, hook="ranges.prepare_mm_inputs")
 
 
 # --- instance methods, wrapped once their object exists ----------------------------------------
@@ -72,7 +79,7 @@ def unwrap_instances() -> None:
         obj = ref()
         method = getattr(obj, attr, None) if obj is not None else None
         if isinstance(method, wrapt.FunctionWrapper):
-            setattr(obj, attr, method.__wrapped__)
+            delattr(obj, attr)  # the instance attribute was ours: the class's method shows again
 
 
 def rewrap_instances() -> None:
