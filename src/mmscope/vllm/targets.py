@@ -88,14 +88,14 @@ def range_hooks() -> list[Hook]:
 
 
 def vllm_scope_hooks() -> list[Hook]:
-    """vLLM's own step ranges through mmscope's backends: applied only while mmscope traces.
-    Each module calls the name it imported, so each module's name is wrapped."""
-    return [Hook(f"ranges.vllm_scopes.{short}", f"{module}:record_function_or_nullcontext",
-                 ("name",), wk.vllm_scope, "ranges", process)
-            for short, module, process in (
-                ("scheduler", "vllm.v1.core.sched.scheduler", "EngineCore"),
-                ("runner", "vllm.v1.worker.gpu_model_runner", "worker"),
-                ("engine", "vllm.v1.engine.llm_engine", "API server"))]
+    """The model runner's own step ranges (`gpu_model_runner: preprocess/forward/...`, the parents
+    of the worker's stages) through mmscope's backends: applied only while mmscope traces. The
+    module calls the name it imported, so that module's name is wrapped. The scheduler's and the
+    engine's scopes (about two thirds of vLLM's, none of them a stage's parent) keep vLLM's own
+    switches."""
+    return [Hook("ranges.vllm_scopes.runner",
+                 "vllm.v1.worker.gpu_model_runner:record_function_or_nullcontext", ("name",),
+                 wk.vllm_scope, "ranges", "worker")]
 
 
 def all_hooks() -> list[Hook]:

@@ -179,7 +179,7 @@ def durations_sent(hook_name: str):
 
 # --- vLLM's own step ranges into mmscope's backends --------------------------------------------
 def vllm_scope(wrapped, instance, args, kwargs):
-    """vLLM opens its step ranges (`gpu_model_runner: preprocess/forward/...`, `schedule: ...`)
-    through record_function_or_nullcontext; while mmscope traces, they go through its span, so
-    that every backend holds the whole tree (nvtx and torch as vLLM's own switches would)."""
+    """The model runner opens its step ranges (`gpu_model_runner: preprocess/forward/...`) through
+    record_function_or_nullcontext; while mmscope traces, they go through its span, so that every
+    backend holds the worker's whole tree (nvtx and torch as vLLM's own switches would)."""
     return tracing.span(args[0]) if tracing.on else wrapped(*args, **kwargs)
