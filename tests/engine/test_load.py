@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from mmscope.demo.serve import VllmServer
+from tests.kit.cli import one_line_error
 
 pytestmark = pytest.mark.vllm
 
@@ -28,13 +29,6 @@ def load_json(url: str, *args: str) -> dict:
     # The progress bar stays off a pipe; stdout is pure JSON.
     assert all(ln.startswith("wrote ") for ln in done.stderr.splitlines()), done.stderr
     return json.loads(done.stdout)
-
-
-def one_line_error(done: subprocess.CompletedProcess) -> str:
-    assert done.returncode == 2 and done.stdout == ""
-    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("mmscope: error: ")
-    return done.stderr.strip()
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.kit.cli import one_line_error
+
 RUN_TIMEOUT_S = 120
 EMBEDS = 16  # prompt tokens one image adds on the stand-in
 TEXT_TOKENS = 10
@@ -37,13 +39,6 @@ def load_json(url: str, *args: str, status: int = 0) -> dict:
     assert done.returncode == status, done.stderr
     assert all(ln.startswith("wrote ") for ln in done.stderr.splitlines()), done.stderr
     return json.loads(done.stdout)
-
-
-def one_line_error(done: subprocess.CompletedProcess) -> str:
-    assert done.returncode == 2 and done.stdout == ""
-    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("mmscope: error: ")
-    return done.stderr.strip()
 
 
 # --- a stand-in with an encoder cache: an LRU of whole images -------------------------------------
