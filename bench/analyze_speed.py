@@ -1,4 +1,4 @@
-"""Benchmark of `mmscope analyze` on a large nsys-schema SQLite file (DESIGN §8).
+"""Benchmark of `mmscope analyze` on a large nsys-schema SQLite file (docs/design.md §8).
 
 Generates N NVTX rows (cached in /tmp) and times, side by side in one run, each in a fresh process:
 the bare SQLite scan `SELECT count(*), sum(end-start) FROM NVTX_EVENTS`, a full scan of the

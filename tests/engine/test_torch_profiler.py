@@ -15,8 +15,8 @@ from mmscope import stages
 pytestmark = pytest.mark.vllm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Four distinct images, then two of them again: the encoder runs for four items, the hasher
-# sees six, and every request goes through the five processor stages.
+# Three batches of two requests: four distinct images in the first two (one encoder batch each),
+# then two of them again (all hits: no encoder batch). The hasher sees six items.
 SCRIPT = r"""
 import os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -58,14 +58,17 @@ def test_the_torch_trace_holds_the_stage_tree_with_exact_counts(profiled):
     _, traces = profiled
     doc = analyze(max(traces, key=os.path.getsize))  # the worker's trace (in-process: the one)
     by_name = {s["name"]: s for s in doc["stages"]}
-    assert by_name[stages.VIT_FORWARD]["count"] == 4, by_name.get(stages.VIT_FORWARD)
+    assert by_name[stages.VIT_FORWARD]["count"] == 2, by_name.get(stages.VIT_FORWARD)
     assert by_name["mm:hash:pil_image"]["count"] == 6
     for stage in ("hf_processor", "prompt_update", "get_mm_hashes"):
         assert by_name[stages.PROCESSOR_PREFIX + stage]["count"] == 6
     # vLLM's own scopes beside ours, and nesting by containment: no share above 100%
     assert by_name[stages.FORWARD]["count"] >= 3
     assert all(s["share_of_parent"] is None or s["share_of_parent"] <= 1.0 for s in doc["stages"])
-    assert by_name[stages.VIT_FORWARD]["parent"] == stages.PREPROCESS
+    # torch records vLLM's Python frames too: vit_forward's own parent is the encoder's frame,
+    # and preprocess contains every stage of its tree
+    inside = next(c for c in doc["checks"] if c["name"].startswith("preprocess children lie"))
+    assert inside["ok"] and inside["detail"].startswith("all "), inside
 
 
 def test_the_cache_benefit_is_computed_from_the_encoder_ranges(profiled):

@@ -122,7 +122,7 @@ def runs_encoder(idx, dec) -> bool:
 
 
 def reference(steps):
-    """DESIGN §4 restated plainly: a (request, item) counts once per residency, as a query or
+    """docs/design.md §4 restated plainly: a (request, item) counts once per residency, as a query or
     as prefix-covered, whichever comes first; prefix-covered is no query."""
     q = h = m = d = pc = 0
     done: dict[str, set] = {r: set() for r in "abc"}

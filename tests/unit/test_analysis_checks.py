@@ -1,4 +1,4 @@
-"""The checks of DESIGN §6: they pass on a sound profile and each fails, with a useful detail,
+"""The checks of docs/design.md §6: they pass on a sound profile and each fails, with a useful detail,
 on a profile that breaks it."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The structural checks of DESIGN §6 on a RangeTable; each gives {"name", "ok", "detail"}.
+"""The structural checks of docs/design.md §6 on a RangeTable; each gives {"name", "ok", "detail"}.
 
 A failing check's detail names how many ranges break it and the first one, with thread and time.
 """
