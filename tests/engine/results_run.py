@@ -32,9 +32,9 @@ def main():
     batch = [prompt([image(1)]), prompt([image(2), image(1)], "Two?"), prompt([], "Text only")]
     outs = llm.generate(batch, sp, use_tqdm=False)
     if sys.argv[2:] == ["break"]:
-        from mmscope.vllm.scheduler import LEDGER
+        from mmscope.vllm.scheduler import state_of
         sched = llm.llm_engine.engine_core.engine_core.scheduler
-        setattr(sched.encoder_cache_manager, LEDGER, Sabotaged())
+        state_of(sched.encoder_cache_manager).ledger = Sabotaged()
     outs += llm.generate(batch + [prompt([image(3)], "New?")], sp, use_tqdm=False)
     from vllm.benchmarks.mm_processor import get_timing_stats_from_engine
 

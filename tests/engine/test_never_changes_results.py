@@ -42,7 +42,7 @@ def test_same_tokens_and_vllm_timing_without_plugin_with_every_range_and_a_hook_
     assert all(all(d.values()) for d in bare["vllm_stages"])
     assert broken["vllm_stages"] == []
     assert broken["tokens"] == bare["tokens"]
-    off = {h: s for h, s in broken["hooks"].items() if s.startswith("off after error")}
+    off = {h: s for h, s in broken["hooks"].items() if s.startswith("off: after error")}
     assert off, broken["hooks"]
     assert all("sabotaged ledger" in s for s in off.values())
     # One warning per failed hook, naming it.
