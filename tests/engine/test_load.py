@@ -117,11 +117,11 @@ def test_the_prefix_plan_shows_the_encoder_work_the_prefix_cache_spares(traced_s
     # Whole requests repeated, images first and 120 words after them: with vLLM's prefix caching
     # (on by default) each repeat finds its images in cached blocks and never looks them up.
     out = load_json(traced_server.url, *TINY, "--prefix", "--reuse", "0.5", "--requests", "8",
-                    "--concurrency", "1", "--seed", "202")
+                    "--concurrency", "1", "--seed", "404")  # images no other test sent
     level = out["levels"][0]
     assert out["prefix_plan"] is True and out["ok"] is True
     assert level["planned_hits"] == 4
-    assert level["observed_prefix_covered"] == 4 and level["observed_hits"] == 0
+    assert level["observed_prefix_covered"] == 4 and level["observed_hits"] == 0, level
     assert level["observed_queries"] == level["observed_misses"] == level["distinct_images"] == 4
     assert level["observed_avoided_rate"] == 0.5
     assert level["verdict"]["text"] == "hits match the plan (4 of 4) (0 hits, 4 prefix-covered)"
