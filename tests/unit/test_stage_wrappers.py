@@ -250,8 +250,9 @@ def test_instance_methods_are_unwrapped_and_wrapped_again_by_uninstrument_and_in
     from mmscope.vllm.instrumentor import VllmInstrumentor
 
     model = Model()
-    worker.wrap_instance(model, "embed_input_ids", stages.EMBED_INPUT_IDS)
-    worker.wrap_instance(model, "embed_input_ids", stages.EMBED_INPUT_IDS)  # once only
+    timed_embed = worker.timed(stages.EMBED_INPUT_IDS)
+    worker.wrap_instance(model, "embed_input_ids", timed_embed)
+    worker.wrap_instance(model, "embed_input_ids", timed_embed)  # once only
     assert model.embed_input_ids([1, 2]) == [2, 4]
     assert counts(WORKER) == {stages.EMBED_INPUT_IDS: 1}
     instrumentor = VllmInstrumentor()

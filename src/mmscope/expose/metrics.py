@@ -47,6 +47,18 @@ GAUGES = {
     "capacity_embeds": ("vllm:encoder_cache_capacity_embeds",
                         "Encoder cache capacity, in embeddings."),
 }
+# The EC connector's transfers, by direction: wire key "<kind>:<direction>" (seconds travel in ns).
+DIRECTIONS = ("load", "save")
+TRANSFERS = {
+    "items": ("vllm:ec_connector_transfer_items",
+              "Multimodal items the EC connector moved: loaded into this instance's encoder "
+              "cache, or saved from it (one per mm_hash)."),
+    "bytes": ("vllm:ec_connector_transfer_bytes",
+              "Bytes of encoder outputs the EC connector moved (the tensors' nbytes)."),
+    "ns": ("vllm:ec_connector_transfer_seconds",
+           "Host wall time of the EC connector's load and save calls that moved items, "
+           "including the copy between host and device."),
+}
 STAGE_HISTOGRAM = (
     "vllm:mm_stage_duration_seconds",
     "Host wall time of one multimodal pipeline stage (label stage: the mmscope range name, e.g. "
@@ -60,12 +72,12 @@ class EncoderCacheProm:
     """The series, made with the metric classes vLLM's PrometheusStatLogger uses (its __init__
     unregisters every vllm:* collector first, so ours come after). Every labelled series exists
     at 0 from the start (each source, each modality the model accepts, each stage timed, each
-    engine) and the capacity gauge holds its value, so that rate() and increase() see the first
+    engine, each transfer direction where an EC connector is configured) and the capacity gauge holds its value, so that rate() and increase() see the first
     events."""
 
     def __init__(self, counter_cls, gauge_cls, histogram_cls,
                  per_engine_labelvalues: dict[int, list], modalities=(),
-                 capacity_embeds: int | None = None):
+                 capacity_embeds: int | None = None, ec_connector: bool = False):
         labels = ["model_name", "engine"]
         self.labelvalues = per_engine_labelvalues
         counters = {k: counter_cls(name=n, documentation=d, labelnames=labels)
@@ -82,6 +94,10 @@ class EncoderCacheProm:
         # values on every call, so each child is resolved once; resolving creates it at 0.
         self._updates: dict[tuple[int, str], object] = {}
         self._labeled = labeled
+        # (engine, "<kind>:<direction>") -> the child's inc, for an instance with an EC connector
+        self._transfers: dict[tuple[int, str], object] = {}
+        if ec_connector:
+            self._transfer_series(counter_cls, labels)
         for idx, values in per_engine_labelvalues.items():
             for key, metric in counters.items():
                 self._updates[(idx, key)] = metric.labels(*values).inc
@@ -98,6 +114,14 @@ class EncoderCacheProm:
             if modalities:  # a multimodal model: every stage's histogram from the start too
                 for stage in stages.TIMED_STAGES:
                     self.stage_seconds.labels(*values, stage)
+
+    def _transfer_series(self, counter_cls, labels: list[str]) -> None:
+        for kind, (name, doc) in TRANSFERS.items():
+            metric = counter_cls(name=name, documentation=doc, labelnames=labels + ["direction"])
+            for idx, values in self.labelvalues.items():
+                for direction in DIRECTIONS:
+                    self._transfers[(idx, f"{kind}:{direction}")] = metric.labels(
+                        *values, direction).inc
 
     def _update(self, engine_idx: int, wire_key: str):
         """The inc or set a wire key stands for, or None for a key with no series of its own
@@ -125,3 +149,9 @@ class EncoderCacheProm:
             child = self.stage_seconds.labels(*self.labelvalues[engine_idx], stage)
             for ns in values:
                 child.observe(ns / 1e9)
+
+    def observe_transfers(self, wire: dict[str, int], engine_idx: int) -> None:
+        for key, n in wire.items():
+            inc = self._transfers.get((engine_idx, key))
+            if inc is not None and n:
+                inc(n / 1e9 if key.startswith("ns:") else n)

@@ -32,31 +32,33 @@ class Timing:
     completion_tokens: int | None
 
 
-def base_url(url: str) -> str:
+def base_url(url: str, flag: str = "--url") -> str:
     """The server root, also when given as an OpenAI base URL ending in /v1; a URL that names no
-    server (no host, a port out of range, a query) is a one-line error before anything is sent."""
+    server (no host, a port out of range, a query) is a one-line error, naming its `flag`, before
+    anything is sent."""
     given, url = url, url.strip()
     if not url.startswith(("http://", "https://")):
-        raise UserError(f"--url must start with http:// or https://, not {given!r}")
+        raise UserError(f"{flag} must start with http:// or https://, not {given!r}")
     url = url.rstrip("/")
     if any(c.isspace() for c in url):
-        raise UserError(f"--url {given!r} contains a space")
+        raise UserError(f"{flag} {given!r} contains a space")
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as e:
-        raise UserError(f"--url {given!r} is not a URL: {e}") from None
+        raise UserError(f"{flag} {given!r} is not a URL: {e}") from None
     if not parsed.host:
-        raise UserError(f"--url {given!r} names no host")
+        raise UserError(f"{flag} {given!r} names no host")
     if parsed.port is not None and not 1 <= parsed.port <= MAX_PORT:
-        raise UserError(f"--url {given!r}: port {parsed.port} is out of range (1-{MAX_PORT})")
+        raise UserError(f"{flag} {given!r}: port {parsed.port} is out of range (1-{MAX_PORT})")
     if parsed.query or parsed.fragment:
-        raise UserError(f"--url {given!r}: a base URL has no query or fragment")
+        raise UserError(f"{flag} {given!r}: a base URL has no query or fragment")
     return url.removesuffix("/v1")
 
 
 class Server:
-    def __init__(self, url: str, request_timeout_s: float, concurrency: int = 1):
-        self.url = base_url(url)
+    def __init__(self, url: str, request_timeout_s: float, concurrency: int = 1,
+                 flag: str = "--url"):
+        self.url = base_url(url, flag)
         self.request_timeout_s = request_timeout_s
         limits = httpx.Limits(max_connections=concurrency + 1)
         self.http = httpx.AsyncClient(base_url=self.url, timeout=request_timeout_s,
@@ -89,6 +91,10 @@ class Server:
         body = {"model": model, "messages": [{"role": "user", "content": content}],
                 "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                 "stream_options": {"include_usage": True}}
+        return await self.send(body, what)
+
+    async def send(self, body: dict, what: str) -> Timing:
+        """One streamed chat completion of a ready body, timed to its first token."""
         try:
             return await asyncio.wait_for(self._stream(body, what), self.request_timeout_s)
         except (TimeoutError, httpx.TimeoutException):

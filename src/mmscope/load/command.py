@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True,
                         help="the server's base URL, e.g. http://127.0.0.1:8000 (the only "
                              "host contacted)")
+    parser.add_argument("--encoder-url", metavar="URL",
+                        help="an encoder instance (EC connector producer) in front of --url, the "
+                             "prefill/decode instance: each request's images go there first, as "
+                             "vLLM's disaggregated-encoder proxy routes them")
     parser.add_argument("--model", help="served model name (default: the first of GET /v1/models)")
     parser.add_argument("--reuse", type=reuse_levels, default=reuse_levels(DEFAULT_REUSE),
                         metavar="R,R,...",
@@ -120,6 +124,8 @@ def _check_before_planning(args: argparse.Namespace) -> None:
     from mmscope.load.client import base_url
 
     base_url(args.url)
+    if args.encoder_url is not None:
+        base_url(args.encoder_url, "--encoder-url")
     if args.requests * args.images_per_request > MAX_IMAGES_PER_LEVEL:
         raise UserError(f"--requests {args.requests} of --images-per-request "
                         f"{args.images_per_request} is more than {MAX_IMAGES_PER_LEVEL:,} images "
@@ -154,10 +160,13 @@ def run(args: argparse.Namespace) -> int:
 
 async def _sweep(args, workload):
     from mmscope.load.client import Server
+    from mmscope.load.epd import PairServer
     from mmscope.load.report import RunInfo
     from mmscope.load.sweep import preflight, run_level
 
-    server = Server(args.url, args.request_timeout, args.concurrency)
+    server = (PairServer(args.encoder_url, args.url, args.request_timeout, args.concurrency)
+              if args.encoder_url is not None
+              else Server(args.url, args.request_timeout, args.concurrency))
     try:
         target = await preflight(server, args.model, workload, args.max_tokens)
         levels = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mmscope.load import series
+from mmscope.load import epd, series
 from mmscope.load.sweep import LevelResult
 
 
@@ -78,6 +78,7 @@ def level_json(level: LevelResult) -> dict:
         "wall_s": round(level.wall_s, 3),
         "throughput_rps": round(len(level.results) / level.wall_s, 3) if level.wall_s else None,
         "verdict": {"status": verdict.status, "text": verdict.text},
+        **({"pd_instance": pd} if (pd := epd.pd_counts(level.delta)) is not None else {}),
     }
 
 

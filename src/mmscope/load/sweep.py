@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from mmscope.expose import readout
 from mmscope.errors import UserError
-from mmscope.load import series
+from mmscope.load import epd, series
 from mmscope.load.client import Server, Timing
 from mmscope.load.plan import PROBE_LEVEL, LevelPlan, PlannedRequest, Workload
 from mmscope.load.verdict import Observed, Verdict, capacity_allows, judge
@@ -51,7 +51,7 @@ class LevelResult:
 
     @property
     def verdict(self) -> Verdict:
-        return judge(self.plan, self.observed)
+        return epd.with_pd(judge(self.plan, self.observed), self.plan.images, self.delta)
 
     @property
     def capacity_allows(self) -> int | None:

@@ -12,6 +12,8 @@ from mmscope.carry import access_log
 from mmscope.carry.ledger import Decision, EncoderCacheLedger, Item, probe_line
 from mmscope.emit.stage_timer import WORKER, merge
 from mmscope.log import logger
+from mmscope.vllm import ec_connector
+from mmscope.vllm.ec_connector import TRANSFERS
 from mmscope.vllm.patching import failed
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
@@ -210,6 +212,7 @@ def stats_attached(wrapped, scheduler, args, kwargs):
             state = state_of(scheduler.encoder_cache_manager)
         if sent:
             merge(state.worker_durations, sent)
+        ec_connector.received(args[1] if len(args) > 1 else kwargs.get("model_runner_output"))
         now = time.monotonic()
         if now - state.sent >= SEND_EVERY_S or not scheduler.has_unfinished_requests():
             _attach(state, outputs, now)
@@ -222,7 +225,7 @@ def _attach(state: EngineState, outputs, now: float) -> None:
     ledger = state.ledger
     news = ledger.has_news
     durations = WORKER.pending or state.worker_durations
-    if not (news or durations):
+    if not (news or durations or TRANSFERS.pending):
         return
     for eco in (outputs or {}).values():
         stats = eco.scheduler_stats
@@ -232,5 +235,7 @@ def _attach(state: EngineState, outputs, now: float) -> None:
             if durations:
                 stats.mm_stage_durations = merge(state.worker_durations, WORKER.drain())
                 state.worker_durations = {}
+            if TRANSFERS.pending:
+                stats.mm_ec_transfers = TRANSFERS.drain()
             state.sent = now
             return

@@ -24,10 +24,16 @@ def prometheus_created(wrapped, prom_logger, args, kwargs):
         modalities, capacity = encoder_cache_shape(prom_logger.vllm_config)
         _prom[prom_logger] = EncoderCacheProm(
             prom_logger._counter_cls, prom_logger._gauge_cls, prom_logger._histogram_cls,
-            prom_logger.per_engine_labelvalues, modalities, capacity)
+            prom_logger.per_engine_labelvalues, modalities, capacity,
+            ec_connector=_has_ec_connector(prom_logger.vllm_config))
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
         failed("prometheus.create", e)
     return result
+
+
+def _has_ec_connector(vllm_config) -> bool:
+    config = vllm_config.ec_transfer_config
+    return bool(config is not None and config.ec_connector)
 
 
 def encoder_cache_shape(vllm_config) -> tuple[list[str], int | None]:
@@ -53,7 +59,7 @@ def stats_recorded(wrapped, manager, args, kwargs):
     result = wrapped(*args, **kwargs)
     stats = kwargs.get("scheduler_stats", args[0] if args else None)
     if stats is not None and (stats.encoder_cache_stats or stats.mm_stage_durations
-                              or FRONTEND.pending):
+                              or FRONTEND.pending or stats.mm_ec_transfers):
         try:
             engine_idx = kwargs.get("engine_idx", args[3] if len(args) > 3 else None) or 0
             for stat_logger in manager.stat_loggers:
@@ -71,6 +77,8 @@ def _record(stat_logger, stats, engine_idx: int) -> None:
         # API-server stages, timed in this process, go out with the worker's batch.
         if stats.mm_stage_durations or FRONTEND.pending:
             prom.observe_stages(merge(FRONTEND.drain(), stats.mm_stage_durations), engine_idx)
+        if stats.mm_ec_transfers:
+            prom.observe_transfers(stats.mm_ec_transfers, engine_idx)
         return
     per_engine = getattr(stat_logger, "per_engine_stat_loggers", None)  # vLLM's adapter
     if per_engine is not None:

@@ -14,6 +14,8 @@ from mmscope.emit import tracing
 from mmscope.emit.stage_timer import ENABLED, WORKER, timed_stage
 from mmscope.emit.step_shape import StepTelemetry, split_prefill_decode
 from mmscope.log import logger
+from mmscope.vllm import ec_connector
+from mmscope.vllm.ec_connector import TRANSFERS
 from mmscope.vllm.patching import failed, retire
 from mmscope.vllm.scheduler import SENT_DURATIONS
 
@@ -63,15 +65,15 @@ prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, hook="ranges.prepare_mm_inpu
 # --- instance methods, wrapped once their object exists ----------------------------------------
 # The model's embed_input_ids and the EC connector's load/save differ by class, so their instances
 # are wrapped when made; uninstrument() unwraps them and instrument() wraps them again.
-_instance_wraps: list[tuple] = []  # (weak reference, attribute, stage, multimodal test)
+_instance_wraps: list[tuple] = []  # (weak reference, attribute, wrapt wrapper)
 
 
-def wrap_instance(obj, attr: str, name: str, multimodal=None) -> None:
+def wrap_instance(obj, attr: str, wrapper) -> None:
     if isinstance(getattr(obj, attr, None), wrapt.FunctionWrapper):
         return
-    wrapt.wrap_function_wrapper(obj, attr, timed(name, multimodal))
+    wrapt.wrap_function_wrapper(obj, attr, wrapper)
     if not any(ref() is obj and a == attr for ref, a, *_ in _instance_wraps):
-        _instance_wraps.append((weakref.ref(obj), attr, name, multimodal))
+        _instance_wraps.append((weakref.ref(obj), attr, wrapper))
 
 
 def unwrap_instances() -> None:
@@ -84,8 +86,11 @@ def unwrap_instances() -> None:
 
 def rewrap_instances() -> None:
     _instance_wraps[:] = [w for w in _instance_wraps if w[0]() is not None]
-    for ref, attr, name, multimodal in list(_instance_wraps):
-        wrap_instance(ref(), attr, name, multimodal)
+    for ref, attr, wrapper in list(_instance_wraps):
+        wrap_instance(ref(), attr, wrapper)
+
+
+_embed_timed = timed(stages.EMBED_INPUT_IDS, _merged)
 
 
 def model_loaded(hook_name: str):
@@ -94,7 +99,7 @@ def model_loaded(hook_name: str):
         result = wrapped(*args, **kwargs)
         try:
             if getattr(runner, "model", None) is not None:
-                wrap_instance(runner.model, "embed_input_ids", stages.EMBED_INPUT_IDS, _merged)
+                wrap_instance(runner.model, "embed_input_ids", _embed_timed)
         except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
             failed(hook_name, e)
         return result
@@ -102,8 +107,8 @@ def model_loaded(hook_name: str):
 
 
 def connector_created(wrapped, cls, args, kwargs):
-    """The worker-side EC connector gets the load/save ranges: start_load_caches includes the
-    host-to-device copy, save_caches the device-to-host one."""
+    """The worker-side EC connector's load and save are timed and counted (vllm/ec_connector.py):
+    start_load_caches includes the host-to-device copy, save_caches the device-to-host one."""
     connector = wrapped(*args, **kwargs)
     try:
         from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
@@ -111,11 +116,11 @@ def connector_created(wrapped, cls, args, kwargs):
         role = args[1] if len(args) > 1 else kwargs.get("role")
         if role == ECConnectorRole.WORKER:
             if connector.is_consumer:
-                wrap_instance(connector, "start_load_caches", stages.EC_LOAD)
+                wrap_instance(connector, "start_load_caches", ec_connector.load_wrapper)
             if connector.is_producer:
-                wrap_instance(connector, "save_caches", stages.EC_SAVE)
+                wrap_instance(connector, "save_caches", ec_connector.save_wrapper)
     except Exception as e:  # noqa: BLE001
-        failed("ranges.ec_connector", e)
+        failed(ec_connector.HOOK, e)
     return connector
 
 
@@ -160,17 +165,19 @@ def _empty_output():
 
 
 def durations_sent(hook_name: str):
-    """Worker stage durations ride to EngineCore on the step's ModelRunnerOutput. Where the
-    scheduler runs in this same process it takes them from WORKER itself, so nothing is sent.
+    """Worker stage durations and EC transfer counts ride to EngineCore on the step's
+    ModelRunnerOutput. Where the scheduler runs in this same process it takes them from WORKER
+    and TRANSFERS itself, so nothing is sent.
     vLLM's shared empty output is never written to: the durations wait for the next real one."""
     def wrapper(wrapped, runner, args, kwargs):
         output = wrapped(*args, **kwargs)
         if WORKER.collected_in_process:
             retire(hook_name, "the scheduler shares this process and takes the durations itself")
-        elif WORKER.pending and output is not None:
+        elif (WORKER.pending or TRANSFERS.pending) and output is not None:
             try:
                 if hasattr(output, "__dict__") and output is not _empty_output():
                     setattr(output, SENT_DURATIONS, WORKER.drain())
+                    setattr(output, ec_connector.SENT_TRANSFERS, TRANSFERS.drain())
             except Exception as e:  # noqa: BLE001
                 failed(hook_name, e)
         return output

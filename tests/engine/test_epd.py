@@ -1,0 +1,197 @@
+"""The encoder on its own instance (EPD): two OpenAI servers on loopback sharing one
+ECExampleConnector folder, an encoder producer and a prefill/decode consumer, each request routed
+as vLLM's disaggregated-encoder proxy routes it; exact counts and transfers on both."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mmscope import stages
+from mmscope.demo.serve import VllmServer
+from mmscope.load.epd import primer_requests
+from tests.kit import traces as tk
+from tests.kit.server import data_url, metrics
+
+pytestmark = pytest.mark.vllm
+
+SETTLE_S = 10.0
+
+
+def ec_config(role: str, shared) -> str:
+    return json.dumps({"ec_connector": "ECExampleConnector", "ec_role": role,
+                       "ec_connector_extra_config": {"shared_storage_path": str(shared)}})
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model, tmp_path_factory):
+    """Producer as vLLM's 1e1pd example starts its encoder (prefix caching off), consumer as its
+    PD instance; both traced, started side by side."""
+    base = tmp_path_factory.mktemp("epd")
+    shared = base / "ec_cache"
+    shared.mkdir()
+    servers = {}
+    for name, role, extra in (("producer", "ec_producer", ["--no-enable-prefix-caching"]),
+                              ("consumer", "ec_consumer", [])):
+        servers[name] = VllmServer(
+            tiny_model, str(base / f"{name}.log"),
+            extra_args=[*extra, "--ec-transfer-config", ec_config(role, shared)],
+            env={"MMSCOPE_TRACE": "chrome", "MMSCOPE_TRACE_DIR": str(base / f"{name}-traces")})
+        servers[name].trace_dir = base / f"{name}-traces"
+    errors = []
+
+    def start(server):
+        try:
+            server.start()
+        except Exception as e:  # noqa: BLE001 - reported below, with the log's path
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in servers.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert not errors, errors
+        servers["shared"] = shared
+        yield servers
+    finally:
+        for name in ("producer", "consumer"):
+            servers[name].stop()
+
+
+def body(model: str, image: int, text: str) -> dict:
+    # Text first: prompts differ from their first token, so no prefix-cache hit covers an image.
+    return {"model": model, "max_tokens": 3, "temperature": 0.0, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": text},
+                                     {"type": "image_url", "image_url": {"url": data_url(image)}}]}]}
+
+
+def route(pair, request: dict) -> dict:
+    """The proxy's path: each image alone to the encoder instance (one token), then the request
+    to the PD instance."""
+    for primer in primer_requests(request):
+        assert [p["type"] for p in primer["messages"][0]["content"]] == ["image_url"]
+        assert primer["max_tokens"] == 1
+        httpx.post(f"{pair['producer'].url}/v1/chat/completions", json=primer,
+                   timeout=120).raise_for_status()
+    r = httpx.post(f"{pair['consumer'].url}/v1/chat/completions", json=request, timeout=120)
+    r.raise_for_status()
+    return r.json()
+
+
+def settled(url: str, before: dict, key: str, want: int) -> dict:
+    """The reading once `key` moved by `want` (the stats of the last step follow its answer)."""
+    deadline = time.monotonic() + SETTLE_S
+    now = metrics(url)
+    while now.get(key, 0) - before.get(key, 0) < want and time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = metrics(url)
+    return {k: now.get(k, 0) - before.get(k, 0) for k in set(now) | set(before)}
+
+
+def stage_counts(url: str) -> dict[str, float]:
+    """Samples per stage of vllm:mm_stage_duration_seconds."""
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        if family.name == "vllm:mm_stage_duration_seconds":
+            for s in family.samples:
+                if s.name.endswith("_count"):
+                    out[s.labels["stage"]] = out.get(s.labels["stage"], 0) + s.value
+    return out
+
+
+def stored_bytes(shared) -> int:
+    """What the producer wrote: the nbytes of each saved tensor, read back from its files."""
+    from safetensors.torch import load_file
+
+    return sum(load_file(str(f))["ec_cache"].nbytes for f in shared.glob("*/*.safetensors"))
+
+
+def transfers(delta: dict, direction: str) -> tuple[int, int, float]:
+    return tuple(delta.get(f"ec_connector_transfer_{kind}{{direction={direction}}}", 0)
+                 for kind in ("items", "bytes", "seconds"))
+
+
+def test_transfer_series_exist_at_zero_with_native_labels(pair):
+    for name in ("producer", "consumer"):
+        text = httpx.get(pair[name].url + "/metrics").text
+        for kind in ("items", "bytes", "seconds"):
+            for direction in ("load", "save"):
+                line = next(ln for ln in text.splitlines() if ln.startswith(
+                    f"vllm:ec_connector_transfer_{kind}_total{{") and
+                    f'direction="{direction}"' in ln)
+                assert 'engine="0"' in line and f'model_name="{pair[name].model}"' in line
+
+
+def test_scripted_sequence_through_the_pair(pair):
+    producer, consumer = pair["producer"], pair["consumer"]
+    p_before, c_before = metrics(producer.url), metrics(consumer.url)
+    for n, seed in enumerate([51, 52, 51]):
+        assert route(pair, body(consumer.model, seed, f"Question {n}?"))["choices"]
+    p = settled(producer.url, p_before, "encoder_cache_queries", 3)
+    c = settled(consumer.url, c_before, "encoder_cache_queries", 3)
+
+    # The encoder instance does the encoder work: two distinct images computed, the repeat a hit.
+    assert (p["encoder_cache_queries"], p["encoder_cache_misses"], p["encoder_cache_hits"]) == \
+        (3, 2, 1)
+    # The PD instance: every query a hit, the first sight of each image from the connector.
+    assert (c["encoder_cache_queries"], c["encoder_cache_misses"]) == (3, 0)
+    assert c["encoder_cache_hits_by_source{source=connector}"] == 2
+    assert c["encoder_cache_hits_by_source{source=local}"] == 1
+
+    # Transfers: two items saved, the same two loaded, byte for byte what the files hold.
+    saved = len(list(pair["shared"].glob("*/*.safetensors")))
+    assert saved == 2
+    nbytes = stored_bytes(pair["shared"])
+    p_items, p_bytes, p_seconds = transfers(p, "save")
+    c_items, c_bytes, c_seconds = transfers(c, "load")
+    assert (p_items, p_bytes) == (2, nbytes) and p_seconds > 0
+    assert (c_items, c_bytes) == (2, nbytes) and c_seconds > 0
+    assert transfers(p, "load") == (0, 0, 0) and transfers(c, "save") == (0, 0, 0)
+
+    # No encoder on the PD instance: no vit_forward sample or range, its loads timed instead.
+    c_stages, p_stages = stage_counts(consumer.url), stage_counts(producer.url)
+    assert c_stages[stages.VIT_FORWARD] == 0 and c_stages[stages.EC_LOAD] > 0
+    assert p_stages[stages.VIT_FORWARD] > 0 and p_stages[stages.EC_SAVE] == 2
+    time.sleep(1.0)  # the traces are flushed every 0.5 s
+    c_ranges, _ = tk.load(consumer.trace_dir)
+    p_ranges, _ = tk.load(producer.trace_dir)
+    assert tk.named(c_ranges, stages.EC_LOAD) and not tk.named(c_ranges, stages.VIT_FORWARD)
+    assert len(tk.named(p_ranges, stages.EC_SAVE)) == 2 and tk.named(p_ranges, stages.VIT_FORWARD)
+
+
+def test_mmscope_load_verifies_a_reuse_sweep_through_the_pair(pair):
+    producer, consumer = pair["producer"], pair["consumer"]
+    c_before = metrics(consumer.url)
+    done = subprocess.run(
+        [sys.executable, "-m", "mmscope.load.command", "--encoder-url", producer.url,
+         "--url", consumer.url, "--json", "--reuse", "0,0.5", "--requests", "6",
+         "--image-size", "32x32", "--concurrency", "2", "--seed", "2626"],
+        capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["ok"] is True and out["url"] == f"{producer.url} -> {consumer.url}"
+    assert [lv["planned_hits"] for lv in out["levels"]] == [0, 3]
+    for level in out["levels"]:
+        # The producer follows the plan as a single server does.
+        assert level["verdict"]["status"] == "match"
+        assert level["observed_queries"] == level["images"] == 6
+        assert level["observed_hits"] == level["planned_hits"]
+        assert level["observed_misses"] == level["distinct_images"]
+        # The PD instance: no miss; each distinct image loaded once, the repeats resident.
+        pd = level["pd_instance"]
+        assert (pd["queries"], pd["misses"]) == (6, 0)
+        assert pd["connector"] == level["distinct_images"]
+        assert pd["local"] + pd["in_step"] == level["planned_hits"]
+        assert "PD instance: all 6 queries hits" in level["verdict"]["text"]
+    # The probe image and each level's distinct images, loaded once each.
+    distinct = sum(lv["distinct_images"] for lv in out["levels"]) + 1
+    c = settled(consumer.url, c_before, "ec_connector_transfer_items{direction=load}", distinct)
+    assert transfers(c, "load")[0] == distinct
