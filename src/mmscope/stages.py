@@ -100,3 +100,13 @@ ALL_FIXED = (PREPROCESS, FORWARD, POSTPROCESS) + PREPROCESS_SIBLINGS
 TIMED_STAGES = (tuple(hash_range(b) for b in HASH_BRANCHES + ("mixed",))
                 + tuple(PROCESSOR_PREFIX + s for s in PROCESSOR_STAGES.values())
                 + PREPROCESS_SIBLINGS)
+
+# --- the parts of a multimodal request's time to first token (docs/design.md §4a) -----------
+# The `part` label of vllm:request_ttft_part_seconds; they add up to the request's TTFT.
+TTFT_API = "api_processing"  # API server: media, chat template, tokens, hashing, HF processor
+TTFT_QUEUE = "queue"  # EngineCore: queued until first scheduled
+TTFT_ENCODER = "encoder"  # its share of the encoder steps that computed its items
+TTFT_EC_LOAD = "ec_load"  # its share of the EC connector loads of its items
+TTFT_PREFILL = "prefill"  # first scheduled until first token, less encoder and EC load
+TTFT_OTHER = "other"  # hand-offs between processes, output path: what is not attributed
+TTFT_PARTS = (TTFT_API, TTFT_QUEUE, TTFT_ENCODER, TTFT_EC_LOAD, TTFT_PREFILL, TTFT_OTHER)

@@ -258,7 +258,8 @@ def test_a_plugin_wrapper_that_raises_puts_vllms_method_back(caplog):
     try:
         manager = object.__new__(StatLoggerManager)
         manager.stat_loggers = [Unweakable()]
-        stats = NS(encoder_cache_stats={"queries": 1}, mm_stage_durations=None)
+        stats = NS(encoder_cache_stats={"queries": 1}, mm_stage_durations=None,
+                   mm_request_shares=None, mm_ec_transfers=None)
         with caplog.at_level(logging.WARNING, logger="vllm.mmscope"):
             for _ in range(2):
                 manager.record(scheduler_stats=stats, iteration_stats=None, engine_idx=0)

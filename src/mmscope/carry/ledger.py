@@ -90,6 +90,8 @@ class EncoderCacheLedger:
         self._committed: dict[str, set[int]] = defaultdict(set)
         self._keys_allocated_this_step: set[str] = set()
         self._drained_occupancy: tuple[int | None, int | None] = (None, None)
+        # Items the EC connector loads in the step just committed (their requests' EC-load share)
+        self.loaded: list[Item] = []
 
     # --- within a step ------------------------------------------------------------------------
     @property
@@ -166,7 +168,11 @@ class EncoderCacheLedger:
                 committed_any = True
             elif decision is Decision.ALLOCATED:
                 # Reserved with a connector: computed (a miss) or loaded (a connector hit)
-                self._count(item, None if item.index in computed else Decision.CONNECTOR.value)
+                if item.index in computed:
+                    self._count(item, None)
+                else:
+                    self._count(item, Decision.CONNECTOR.value)
+                    self.loaded.append(item)
                 done.add(item.index)
                 committed_any = True
             else:
@@ -179,6 +185,10 @@ class EncoderCacheLedger:
                 committed_any = True
         if committed_any:
             self._stats.requests += 1
+
+    def take_loaded(self) -> list[Item]:
+        loaded, self.loaded = self.loaded, []
+        return loaded
 
     def _count(self, item: Item, source: str | None) -> None:
         s = self._stats

@@ -19,6 +19,9 @@ class StageCollector:
         self.durations: dict[str, list[int]] = {}
         self.dropped = 0
         self.collected_in_process = False  # drained by a consumer in this process (the scheduler)
+        # stage -> ns since the last take_step(): what one engine step spent in each stage, for
+        # the requests' shares of it (carry/ttft.py); a few keys, never more.
+        self.step_ns: dict[str, int] = {}
 
     def record(self, stage: str, duration_ns: int) -> None:
         bucket = self.durations.get(stage)
@@ -28,6 +31,11 @@ class StageCollector:
             bucket.append(duration_ns)
         else:
             self.dropped += 1
+        self.step_ns[stage] = self.step_ns.get(stage, 0) + duration_ns
+
+    def take_step(self) -> dict[str, int]:
+        step, self.step_ns = self.step_ns, {}
+        return step
 
     @property
     def pending(self) -> bool:

@@ -9,6 +9,8 @@ import time
 import weakref
 
 from mmscope.carry import access_log
+from mmscope import stages
+from mmscope.carry import ttft
 from mmscope.carry.ledger import Decision, EncoderCacheLedger, Item, probe_line
 from mmscope.emit.stage_timer import WORKER, merge
 from mmscope.log import logger
@@ -40,6 +42,7 @@ class EngineState:
         self.access_log = log_access
         self.ledger = EncoderCacheLedger(probe=_sink(probe_enabled(), log_access))
         self.worker_durations: dict[str, list[int]] = {}
+        self.shares = ttft.EngineShares()  # each multimodal request's encoder and EC-load time
         self.sent = float("-inf")
 
 
@@ -148,7 +151,11 @@ def step_scheduled(wrapped, scheduler, args, kwargs):
 
 
 def _commit(scheduler, manager, output) -> None:
-    ledger = state_of(manager).ledger
+    state = state_of(manager)
+    ledger = state.ledger
+    for new in output.scheduled_new_reqs:
+        if new.mm_features:
+            state.shares.admit(new.req_id)
     if not scheduler.is_encoder_decoder:  # their items sit at position 0: never prefix-covered
         _prefix_covered(scheduler, ledger, output)
     ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)
@@ -213,6 +220,13 @@ def stats_attached(wrapped, scheduler, args, kwargs):
         if sent:
             merge(state.worker_durations, sent)
         ec_connector.received(args[1] if len(args) > 1 else kwargs.get("model_runner_output"))
+        # This step's stage totals: a worker process sent exactly this step's durations.
+        step_ns = ({k: sum(v) for k, v in sent.items()} if sent
+                   else WORKER.take_step() if WORKER.step_ns else None)
+        loaded = state.ledger.take_loaded()
+        if state.shares.open:
+            _share_step(scheduler, state.shares,
+                        args[0] if args else kwargs["scheduler_output"], step_ns or {}, loaded)
         now = time.monotonic()
         if now - state.sent >= SEND_EVERY_S or not scheduler.has_unfinished_requests():
             _attach(state, outputs, now)
@@ -221,11 +235,38 @@ def stats_attached(wrapped, scheduler, args, kwargs):
     return outputs
 
 
+def _share_step(scheduler, shares: ttft.EngineShares, scheduler_output, step_ns: dict,
+                loaded: list[Item]) -> None:
+    """The step's encoder time shared among the items it computed, its EC-load time among the
+    items the connector loaded, by embeddings; then the requests past their first token close."""
+    computed = scheduler_output.scheduled_encoder_inputs
+    if computed:
+        weights: dict[str, int] = {}
+        for request_id, input_ids in computed.items():
+            request = scheduler.requests.get(request_id)
+            if request is not None:
+                weights[request_id] = sum(request.mm_features[i].mm_position.get_num_embeds()
+                                          for i in input_ids)
+                shares.computed(request_id, len(input_ids))
+        shares.share(ttft.ENCODER, step_ns.get(stages.VIT_FORWARD, 0), weights)
+    if loaded:
+        weights = {}
+        for item in loaded:
+            weights[item.request_id] = weights.get(item.request_id, 0) + item.embeds
+        shares.share(ttft.EC_LOAD, step_ns.get(stages.EC_LOAD, 0), weights)
+
+    def past_first_token(request_id: str) -> bool:
+        request = scheduler.requests.get(request_id)
+        return request is None or request.num_output_tokens > 0
+
+    shares.close(past_first_token)
+
+
 def _attach(state: EngineState, outputs, now: float) -> None:
     ledger = state.ledger
     news = ledger.has_news
     durations = WORKER.pending or state.worker_durations
-    if not (news or durations or TRANSFERS.pending):
+    if not (news or durations or state.shares.done or TRANSFERS.pending):
         return
     for eco in (outputs or {}).values():
         stats = eco.scheduler_stats
@@ -235,6 +276,8 @@ def _attach(state: EngineState, outputs, now: float) -> None:
             if durations:
                 stats.mm_stage_durations = merge(state.worker_durations, WORKER.drain())
                 state.worker_durations = {}
+            if state.shares.done:
+                stats.mm_request_shares = state.shares.drain()
             if TRANSFERS.pending:
                 stats.mm_ec_transfers = TRANSFERS.drain()
             state.sent = now

@@ -1,6 +1,6 @@
 """Carry mmscope's counts inside vLLM's SchedulerStats from EngineCore to the API server.
 
-msgspec encodes only declared dataclass fields, so we declare three; both processes declare them
+msgspec encodes only declared dataclass fields, so we declare four; both processes declare them
 before process 0 builds its typed decoder (register() runs early enough).
 """
 from __future__ import annotations
@@ -9,10 +9,12 @@ import dataclasses
 
 FIELD = "encoder_cache_stats"  # EncoderCacheStats.to_wire(): dict[str, int]
 STAGES_FIELD = "mm_stage_durations"  # worker stage -> durations in ns since the last stats
+# request id -> [encoder ns, EC-load ns, items computed] of requests past their first token
+SHARES_FIELD = "mm_request_shares"
 # the EC connector's transfers: "<items|bytes|ns>:<load|save>" -> count since the last stats
 TRANSFERS_FIELD = "mm_ec_transfers"
 FIELDS = {FIELD: dict[str, int] | None, STAGES_FIELD: dict[str, list[int]] | None,
-          TRANSFERS_FIELD: dict[str, int] | None}
+          SHARES_FIELD: dict[str, list[int]] | None, TRANSFERS_FIELD: dict[str, int] | None}
 
 
 def inject_scheduler_stats_fields() -> None:

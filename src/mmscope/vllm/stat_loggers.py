@@ -10,10 +10,13 @@ import weakref
 
 from mmscope.emit.stage_timer import FRONTEND, merge
 from mmscope.expose.metrics import EncoderCacheProm
+from mmscope.expose.ttft import TtftProm
+from mmscope.vllm import request_times
 from mmscope.vllm.patching import failed
 
 # vLLM's logger objects -> ours, weakly: mmscope adds no attributes to vLLM's objects.
 _prom: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # PrometheusStatLogger -> series
+_ttft: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # PrometheusStatLogger -> TTFT
 _windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # LoggingStatLogger -> window
 
 
@@ -26,6 +29,9 @@ def prometheus_created(wrapped, prom_logger, args, kwargs):
             prom_logger._counter_cls, prom_logger._gauge_cls, prom_logger._histogram_cls,
             prom_logger.per_engine_labelvalues, modalities, capacity,
             ec_connector=_has_ec_connector(prom_logger.vllm_config))
+        if modalities:
+            _ttft[prom_logger] = TtftProm(prom_logger._histogram_cls,
+                                          prom_logger.per_engine_labelvalues)
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
         failed("prometheus.create", e)
     return result
@@ -59,14 +65,24 @@ def stats_recorded(wrapped, manager, args, kwargs):
     result = wrapped(*args, **kwargs)
     stats = kwargs.get("scheduler_stats", args[0] if args else None)
     if stats is not None and (stats.encoder_cache_stats or stats.mm_stage_durations
-                              or FRONTEND.pending or stats.mm_ec_transfers):
+                              or FRONTEND.pending or stats.mm_request_shares
+                              or stats.mm_ec_transfers):
         try:
             engine_idx = kwargs.get("engine_idx", args[3] if len(args) > 3 else None) or 0
+            if stats.mm_request_shares:
+                request_times.engine_shares(stats.mm_request_shares, engine_idx)
             for stat_logger in manager.stat_loggers:
                 _record(stat_logger, stats, engine_idx)
         except Exception as e:  # noqa: BLE001
             failed("stat_loggers.record", e)
     return result
+
+
+def observe_splits(splits) -> None:
+    """Requests' TTFT splits, observed as soon as they are whole (the engine may be idle after)."""
+    for ttft in list(_ttft.values()):
+        for split in splits:
+            ttft.observe(split)
 
 
 def _record(stat_logger, stats, engine_idx: int) -> None:

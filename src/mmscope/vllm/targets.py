@@ -5,7 +5,8 @@ release means editing this table (docs/vllm-0.33.md: how a release is checked).
 from __future__ import annotations
 
 from mmscope import stages
-from mmscope.vllm import processor, scheduler as sch, stat_loggers as sl, worker as wk
+from mmscope.vllm import processor, request_times as rt, scheduler as sch, stat_loggers as sl
+from mmscope.vllm import worker as wk
 from mmscope.vllm.patching import Hook
 
 SUPPORTED_VLLM = ">=0.32,<0.34"
@@ -49,6 +50,14 @@ def metrics_hooks() -> list[Hook]:
              ("self", "scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx"),
              sl.stats_recorded, "metrics", "API server"),
         Hook("log_line.format", f"{LOGGERS}:LoggingStatLogger.log", ("self",), sl.stats_logged,
+             "metrics", "API server"),
+        # Each multimodal request's time to first token by part (docs/design.md §4a).
+        Hook("request_times.assigned",
+             "vllm.v1.engine.input_processor:InputProcessor.assign_request_id", ("request",),
+             rt.request_id_assigned, "metrics", "API server"),
+        Hook("request_times.finished",
+             "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",
+             ("self", "req_state", "finish_reason", "iteration_stats"), rt.request_finished,
              "metrics", "API server"),
     ]
 

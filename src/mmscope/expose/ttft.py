@@ -1,0 +1,50 @@
+"""The Prometheus series of multimodal requests' time to first token, split by part and by whether
+the encoder ran for the request (`encoder_cache="miss"`) or for none of its items (`"hit"`).
+
+Names beside vLLM's `vllm:time_to_first_token_seconds` and `vllm:request_*_time_seconds`.
+"""
+from __future__ import annotations
+
+from mmscope import stages
+from mmscope.carry.ttft import TtftSplit
+
+PART_HISTOGRAM = (
+    "vllm:request_ttft_part_seconds",
+    "Time to first token of multimodal requests, by part (api_processing: vLLM's arrival until "
+    "the request leaves the API server, media and multimodal processor included; queue; encoder: "
+    "the request's share of the encoder steps that computed its items; ec_load: its share of EC "
+    "connector loads; prefill: the rest until the first token; other: what is not attributed). "
+    "The parts of a request add up to its time to first token.")
+TTFT_HISTOGRAM = (
+    "vllm:request_mm_time_to_first_token_seconds",
+    "Time to first token of multimodal requests (vLLM's own measure), by encoder_cache: miss when "
+    "the encoder ran for any of the request's items, hit when it ran for none.")
+OUTCOMES = ("hit", "miss")
+BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+           0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+class TtftProm:
+    """Both histograms, every (engine, part, outcome) child at 0 from the start."""
+
+    def __init__(self, histogram_cls, per_engine_labelvalues: dict[int, list]):
+        labels = ["model_name", "engine"]
+        self.labelvalues = per_engine_labelvalues
+        parts = histogram_cls(name=PART_HISTOGRAM[0], documentation=PART_HISTOGRAM[1],
+                              labelnames=labels + ["part", "encoder_cache"], buckets=BUCKETS)
+        total = histogram_cls(name=TTFT_HISTOGRAM[0], documentation=TTFT_HISTOGRAM[1],
+                              labelnames=labels + ["encoder_cache"], buckets=BUCKETS)
+        # (engine, outcome) -> (the TTFT child, part -> child): resolved once, made at 0.
+        self._children = {
+            (idx, outcome): (total.labels(*values, outcome),
+                             {p: parts.labels(*values, p, outcome) for p in stages.TTFT_PARTS})
+            for idx, values in per_engine_labelvalues.items() for outcome in OUTCOMES}
+
+    def observe(self, split: TtftSplit) -> None:
+        children = self._children.get((split.engine, "hit" if split.hit else "miss"))
+        if children is None:
+            return
+        total, parts = children
+        total.observe(split.ttft_s)
+        for part, seconds in split.parts.items():
+            parts[part].observe(max(seconds, 0.0))

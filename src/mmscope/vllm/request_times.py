@@ -1,0 +1,63 @@
+"""API-server wrappers for each multimodal request's time to first token by part: its start and
+end as vLLM's input and output processors see them, joined with EngineCore's shares (carry/ttft.py).
+"""
+from __future__ import annotations
+
+import time
+
+from mmscope.carry import ttft
+from mmscope.log import logger
+from mmscope.vllm.patching import failed
+from mmscope.vllm.scheduler import probe_enabled
+
+JOIN = ttft.TtftJoin()
+
+
+def request_id_assigned(wrapped, instance, args, kwargs):
+    """InputProcessor.assign_request_id runs once per request as it leaves for EngineCore, after
+    the media, the chat template, the tokens and the multimodal processor: vLLM's arrival_time
+    (taken before all of those) until now is the request's API processing."""
+    result = wrapped(*args, **kwargs)
+    try:
+        request = args[0] if args else kwargs["request"]
+        if request.mm_features:
+            JOIN.assigned(request.request_id, time.time() - request.arrival_time)
+    except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
+        failed("request_times.assigned", e)
+    return result
+
+
+def request_finished(wrapped, output_processor, args, kwargs):
+    """OutputProcessor._update_stats_from_finished: the request's RequestStateStats are final
+    (vLLM's TTFT, queued, scheduled and first-token timestamps). Only with vLLM's stats on."""
+    result = wrapped(*args, **kwargs)
+    try:
+        req_state = args[0] if args else kwargs["req_state"]
+        stats = req_state.stats
+        if stats is not None and stats.first_token_ts and req_state.request_id in JOIN.api:
+            JOIN.finished(req_state.request_id, ttft.FrontTimes(
+                req_state.external_req_id, stats.first_token_latency,
+                stats.scheduled_ts - stats.queued_ts, stats.first_token_ts - stats.scheduled_ts))
+            if JOIN.ready:
+                _emit(JOIN.drain())
+    except Exception as e:  # noqa: BLE001
+        failed("request_times.finished", e)
+    return result
+
+
+def engine_shares(shares: dict[str, list[int]], engine_idx: int) -> None:
+    """EngineCore's shares from one stats update, joined in (called by stat_loggers.record)."""
+    JOIN.engine_shares(shares, engine_idx)
+    if JOIN.ready:
+        _emit(JOIN.drain())
+
+
+def _emit(splits: list[ttft.TtftSplit]) -> None:
+    """Whole splits into the histograms at once, and one probe line each with
+    VLLM_MM_CACHE_PROBE=1."""
+    from mmscope.vllm.stat_loggers import observe_splits
+
+    observe_splits(splits)
+    if probe_enabled():
+        for split in splits:
+            logger.info(ttft.probe_line(split))
