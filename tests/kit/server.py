@@ -3,6 +3,7 @@ readouts."""
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import os
 import tempfile
@@ -13,6 +14,7 @@ from mmscope.expose import readout
 from tests.kit.engine import image
 
 
+@functools.lru_cache(maxsize=256)
 def data_url(i: int) -> str:
     buf = io.BytesIO()
     image(i).save(buf, format="PNG")
@@ -55,3 +57,39 @@ def chat_parts(url: str, model: str, parts: list[dict], text: str = "What is thi
 
 def metrics(url: str) -> dict[str, float]:
     return readout.from_prometheus_text(httpx.get(f"{url}/metrics", timeout=30).text)
+
+
+def stream_chat(url: str, model: str, images: list[int], text: str = "What is this?",
+                max_tokens: int = 3) -> tuple[str, float]:
+    """One streamed chat completion: (the response id, the client's time to first token). One
+    client for all: a new httpx client costs tens of milliseconds (its TLS context), which would
+    count as time to first token."""
+    import json
+    import time
+
+    content = [*({"type": "image_url", "image_url": {"url": data_url(i)}} for i in images),
+               {"type": "text", "text": text}]
+    body = {"model": model, "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
+    start, first, response_id = time.perf_counter(), None, None
+    with _streaming_client().stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            chunk = json.loads(line[len("data:"):])
+            response_id = response_id or chunk.get("id")
+            if first is None and chunk.get("choices"):  # as mmscope load times it
+                first = time.perf_counter()
+    return response_id, first - start
+
+
+@functools.cache
+def _streaming_client() -> httpx.Client:
+    return httpx.Client(timeout=120, trust_env=False)
+
+
+def histograms(url: str, *names: str) -> dict[str, float]:
+    """/metrics counters and gauges, and the samples of the named histograms."""
+    return readout.from_prometheus_text(httpx.get(f"{url}/metrics", timeout=30).text,
+                                        histograms=names)
