@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from mmscope import stages
 from mmscope.load import series
 from mmscope.load.client import Timing
 from mmscope.load.plan import LevelPlan, PlannedRequest
@@ -82,8 +83,31 @@ def busy_level() -> LevelResult:
              series.EVICTIONS: 1, series.by_source("local"): 1, series.by_source("in_step"): 0,
              series.by_source("connector"): 1, series.cache_queries("mm_cache"): 9,
              series.cache_hits("mm_cache"): 4, series.cache_queries("prefix_cache"): 320,
-             series.cache_hits("prefix_cache"): 64}
+             series.cache_hits("prefix_cache"): 64, **SERVER_TTFT}
     return LevelResult(SIX, timed(SIX), 1.5, delta, 32, 16)
+
+
+# The server's TTFT histograms over the level: six misses, 180 ms in all (the client measured
+# 210 ms: 5 ms each beyond), two to 25 ms and four more to 50 ms; each one's encoder share 10 ms.
+T, P = series.TTFT_MM, series.TTFT_PARTS
+SERVER_TTFT = {
+    f"{T}_count{{encoder_cache=miss}}": 6, f"{T}_sum{{encoder_cache=miss}}": 0.18,
+    f"{T}_bucket{{encoder_cache=miss,le=0.025}}": 2, f"{T}_bucket{{encoder_cache=miss,le=0.05}}": 6,
+    f"{T}_bucket{{encoder_cache=miss,le=+Inf}}": 6,
+    f"{P}_count{{encoder_cache=miss,part=encoder}}": 6,
+    f"{P}_sum{{encoder_cache=miss,part=encoder}}": 0.06,
+    f"{P}_bucket{{encoder_cache=miss,le=0.01,part=encoder}}": 6,
+    f"{P}_bucket{{encoder_cache=miss,le=+Inf,part=encoder}}": 6,
+}
+NONE = {"mean_ms": None, "p50_ms": None, "p90_ms": None}
+BUSY_TTFT_PARTS = {
+    "hit": {"requests": 0, "ttft": NONE, "parts": {p: NONE for p in stages.TTFT_PARTS}},
+    # p50: rank 3 of 6, a quarter into (25, 50] ms; p90: rank 5.4, 85% into it
+    "miss": {"requests": 6, "ttft": {"mean_ms": 30.0, "p50_ms": 31.25, "p90_ms": 46.25},
+             "parts": {p: {"mean_ms": 10.0, "p50_ms": 5.0, "p90_ms": 9.0} if p == "encoder"
+                       else NONE for p in stages.TTFT_PARTS}},
+    "client_beyond_server_mean_ms": 5.0,
+}
 
 
 def quiet_level() -> LevelResult:
@@ -103,6 +127,7 @@ BUSY_JSON = {
     "repeat_requests": 3,
     # repeats: requests 2, 4, 5 (30, 50, 60 ms); new: 0, 1, 3 (10, 20, 40 ms)
     "ttft_ms": {"repeat_p50": 50.0, "repeat_p90": 58.0, "new_p50": 20.0, "new_p90": 36.0},
+    "ttft_parts": BUSY_TTFT_PARTS,
     "e2e_ms": {"p50": 125.0, "p90": 145.0},
     "wall_s": 1.5, "throughput_rps": 4.0,
     "verdict": {"status": EXPLAINED, "text": (
@@ -157,6 +182,9 @@ def test_terminal_report_prints_every_figure():
         # reuse, local, in_step, connector, deferrals, evictions, capacity allows, mm, prefix
         ["0.5", "1", "0", "1", "3", "1", "1", "4 / 9", "64 / 320"],
         ["0", "0", "0", "0", "0", "0", "-", "0 / 0", "0 / 0"],
+        # reuse, outcome, requests, TTFT, api, queue, encoder, ec_load, prefill, other, beyond
+        ["0.5", "miss", "6", "31.2 / 46.2", "- / -", "- / -", "5.0 / 9.0", "- / -", "- / -",
+         "- / -", "5.0"],
     ]
     assert "hits by source, capacity, and vLLM's other caches" in lines
     assert lines[-2:] == [f"reuse 0.5: {BUSY_JSON['verdict']['text']}",

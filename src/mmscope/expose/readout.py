@@ -28,13 +28,18 @@ def from_vllm_metrics(metrics, prefix: str = "") -> dict[str, float]:
     return dict(out)
 
 
-def from_prometheus_text(text: str, prefix: str = "") -> dict[str, float]:
-    """Counter and gauge samples of a Prometheus exposition page (histograms are left out)."""
+def from_prometheus_text(text: str, prefix: str = "",
+                         histograms: tuple[str, ...] = ()) -> dict[str, float]:
+    """Counter and gauge samples of a Prometheus exposition page, and the `_bucket`, `_sum` and
+    `_count` samples of the histograms named (as keys: `request_ttft_part_seconds`)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = defaultdict(float)
+    wanted = {"vllm:" + name for name in histograms}
     for family in text_string_to_metric_families(text):
-        if family.type not in ("counter", "gauge") or not family.name.startswith("vllm:" + prefix):
+        if not family.name.startswith("vllm:" + prefix) or not (
+                family.type in ("counter", "gauge")
+                or (family.type == "histogram" and family.name in wanted)):
             continue
         for sample in family.samples:
             if sample.name.endswith("_created"):
@@ -45,3 +50,22 @@ def from_prometheus_text(text: str, prefix: str = "") -> dict[str, float]:
 
 def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in set(before) | set(after)}
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative bucket counts (upper bound -> count):
+    linear inside the bucket that holds the rank; the highest finite bound where it is +Inf."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0
+    if total <= 0:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * ((rank - below) / (count - below) if count > below
+                                              else 0.0)
+        lower, below = bound, count
+    return lower

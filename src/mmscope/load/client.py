@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 
 from mmscope.expose import readout
+from mmscope.load import series
 from mmscope.errors import UserError
 
 CHAT_PATH = "/v1/chat/completions"
@@ -77,7 +78,7 @@ class Server:
     async def metrics(self) -> dict[str, float]:
         response = await self._get(METRICS_PATH)
         try:
-            return readout.from_prometheus_text(response.text)
+            return readout.from_prometheus_text(response.text, histograms=series.HISTOGRAMS)
         except ValueError:
             raise UserError(f"{self.url}{METRICS_PATH} is not a Prometheus metrics page") from None
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mmscope.load import epd, series
+from mmscope import stages
+from mmscope.load import epd, series, ttft
 from mmscope.load.sweep import LevelResult
 
 
 MAIN_TITLE = "encoder cache per reuse level"
 CACHE_TITLE = "hits by source, capacity, and vLLM's other caches"
+TTFT_TITLE = ("time to first token by part, server side, p50 / p90 ms (mean in --json); "
+              "hit: the encoder ran for none of the request's items")
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ def level_json(level: LevelResult) -> dict:
            for cache in series.OTHER_CACHES},
         "repeat_requests": sum(r.all_repeats for r in plan.requests),
         "ttft_ms": ttft_ms(level),
+        "ttft_parts": ttft.split(level.delta, [r.timing.ttft_s for r in level.results]),
         "e2e_ms": {f"p{q}": _ms(percentile(e2e, q)) for q in (50, 90)},
         "wall_s": round(level.wall_s, 3),
         "throughput_rps": round(len(level.results) / level.wall_s, 3) if level.wall_s else None,
@@ -112,7 +116,10 @@ def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> No
     console = console or Console(width=None if _is_tty() else 160)
     rows = [level_json(lv) for lv in levels]
     console.print(header(info, levels), highlight=False)
-    for title, table in ((MAIN_TITLE, _main_table(rows)), (CACHE_TITLE, _cache_table(rows))):
+    tables = [(MAIN_TITLE, _main_table(rows)), (CACHE_TITLE, _cache_table(rows))]
+    if any(r["ttft_parts"][o]["requests"] for r in rows for o in ttft.OUTCOMES):
+        tables.append((TTFT_TITLE, _ttft_table(rows)))
+    for title, table in tables:
         console.print(title, highlight=False)
         console.print(table)
     for level in levels:
@@ -170,6 +177,28 @@ def _cache_table(rows: list[dict]):
         table.add_row(f"{r['reuse']:g}", *(str(r["hits_by_source"][s]) for s in series.HIT_SOURCES),
                       str(r["deferrals"]), str(r["evictions"]), _num(r["capacity_allows_hits"]),
                       *(f"{r[c]['hits']} / {r[c]['queries']}" for c in series.OTHER_CACHES))
+    return table
+
+
+def _ttft_table(rows: list[dict]):
+    """One row per level and outcome: the server's TTFT and its parts; the last column is the
+    mean time the client waited beyond the server's TTFT (the way in and out)."""
+    from rich.table import Table
+
+    table = Table()
+    for name in ("reuse", "encoder cache", "requests", "TTFT", *stages.TTFT_PARTS,
+                 "client beyond (mean)"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        split = r["ttft_parts"]
+        for outcome in ttft.OUTCOMES:
+            o = split[outcome]
+            if not o["requests"]:
+                continue
+            cells = [o["ttft"]] + [o["parts"][p] for p in stages.TTFT_PARTS]
+            table.add_row(f"{r['reuse']:g}", outcome, str(o["requests"]),
+                          *(_pair(c["p50_ms"], c["p90_ms"]) for c in cells),
+                          _num(split["client_beyond_server_mean_ms"], "{:.1f}"))
     return table
 
 

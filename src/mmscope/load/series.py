@@ -44,3 +44,14 @@ def cache_queries(cache: str) -> str:
 
 def cache_hits(cache: str) -> str:
     return f"{cache}_hits"
+
+# Each multimodal request's time to first token, by part and outcome (mmscope.expose.ttft).
+TTFT_PARTS = "request_ttft_part_seconds"
+TTFT_MM = "request_mm_time_to_first_token_seconds"
+HISTOGRAMS = (TTFT_PARTS, TTFT_MM)
+
+
+def ttft_requests(values: dict[str, float]) -> float | None:
+    """Multimodal requests whose time to first token the server split; None where it does not."""
+    keys = [f"{TTFT_MM}_count{{encoder_cache={o}}}" for o in ("hit", "miss")]
+    return sum(values[k] for k in keys) if all(k in values for k in keys) else None

@@ -98,7 +98,7 @@ async def run_level(server: Server, target: Target, workload: Workload, plan: Le
     results = await _send_all(server, target.model, workload, plan, concurrency, max_tokens,
                               on_done)
     wall = time.perf_counter() - start
-    after = await _settled_metrics(server, before, plan.images)
+    after = await _settled_metrics(server, before, plan.images, len(plan.requests))
     workload.forget(plan.level)
     capacity = int(after.get(series.CAPACITY, 0)) or None
     return LevelResult(plan, results, wall, readout.delta(before, after), capacity,
@@ -128,8 +128,10 @@ async def _send_all(server, model, workload, plan, concurrency, max_tokens, on_d
     return sorted(results, key=lambda r: r.request.index)
 
 
-async def _settled_metrics(server: Server, before: dict, expected_queries: int) -> dict:
-    """Counters once they stop moving, or once every planned query has arrived."""
+async def _settled_metrics(server: Server, before: dict, expected_queries: int,
+                           expected_requests: int) -> dict:
+    """Counters once they stop moving and every planned query (and, where the server splits
+    the time to first token, every request's split) has arrived."""
     deadline = time.monotonic() + SETTLE_MAX_S
     last = await server.metrics()
     while time.monotonic() < deadline:
@@ -138,6 +140,8 @@ async def _settled_metrics(server: Server, before: dict, expected_queries: int) 
         # every item is either looked up or spared by the prefix cache
         arrived = sum(now.get(k, 0) - before.get(k, 0)
                       for k in (series.QUERIES, series.PREFIX_COVERED)) >= expected_queries
+        if series.ttft_requests(before) is not None:
+            arrived &= series.ttft_requests(now) - series.ttft_requests(before) >= expected_requests
         if _counters(now) == _counters(last) and arrived:
             return now
         last = now
