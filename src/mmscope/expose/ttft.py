@@ -20,7 +20,8 @@ TTFT_HISTOGRAM = (
     "Time to first token of multimodal requests (vLLM's own measure), by encoder_cache: miss when "
     "the encoder ran for any of the request's items, hit when it ran for none.")
 OUTCOMES = ("hit", "miss")
-BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+# 0 first: a part that was 0 (a hit's encoder share, no connector) reads 0 in every quantile.
+BUCKETS = (0.0, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
            0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
 
