@@ -27,7 +27,7 @@ def main():
     print("RESULT " + json.dumps({
         "encoder_items": work.items,
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
-        **{k: v for k, v in c.items() if k.startswith("encoder_cache")}}))
+        **{k: v for k, v in c.items() if k.startswith(("encoder_cache", "ec_connector"))}}))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,18 @@ def test_producer_then_consumer(tiny_model, tmp_path):
     assert consumed["encoder_cache_misses"] == 0
     assert consumed["encoder_cache_hits_by_source{source=connector}"] == 2
 
+    # Transfers through LLM.get_metrics(): two items saved, the same two loaded, byte for byte.
+    # (Its reader makes every counter an int, so the seconds, well under one, read 0 there.)
+    from safetensors.torch import load_file
+
+    stored = sum(load_file(str(f))["ec_cache"].nbytes for f in shared.glob("*/*.safetensors"))
+    for counts, direction, idle in ((produced, "save", "load"), (consumed, "load", "save")):
+        moved = {k: counts[f"ec_connector_transfer_{k}{{direction={direction}}}"]
+                 for k in ("items", "bytes")}
+        assert (moved["items"], moved["bytes"]) == (2, stored)
+        assert f"ec_connector_transfer_seconds{{direction={direction}}}" in counts
+        assert counts[f"ec_connector_transfer_items{{direction={idle}}}"] == 0
+
     # Ranges: saves on the producer, beside (never inside) the encoder forward; loads on the
     # consumer, whose encoder never runs.
     p_ranges, _ = tk.load(tmp_path / "p")

@@ -4,6 +4,8 @@ as vLLM's disaggregated-encoder proxy routes it; exact counts and transfers on b
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import threading
@@ -17,11 +19,14 @@ from mmscope import stages
 from mmscope.demo.serve import VllmServer
 from mmscope.load.epd import primer_requests
 from tests.kit import traces as tk
+from tests.kit.prometheus import Prometheus
 from tests.kit.server import data_url, metrics
 
 pytestmark = pytest.mark.vllm
 
 SETTLE_S = 10.0
+DASHBOARD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "dashboards", "mmscope.json")
 
 
 def ec_config(role: str, shared) -> str:
@@ -195,3 +200,69 @@ def test_mmscope_load_verifies_a_reuse_sweep_through_the_pair(pair):
     distinct = sum(lv["distinct_images"] for lv in out["levels"]) + 1
     c = settled(consumer.url, c_before, "ec_connector_transfer_items{direction=load}", distinct)
     assert transfers(c, "load")[0] == distinct
+
+
+def dashboard() -> dict:
+    with open(DASHBOARD) as f:
+        return json.load(f)
+
+
+def panel_exprs(title: str) -> list[str]:
+    return [t["expr"] for p in dashboard()["panels"] if p.get("title") == title
+            for t in p["targets"]]
+
+
+def test_every_row_repeats_per_instance_so_the_pair_is_never_summed():
+    rows = [p for p in dashboard()["panels"] if p["type"] == "row"]
+    assert rows and all(r.get("repeat") == "instance" for r in rows)
+    assert dashboard()["panels"][0]["type"] == "row"  # no panel above the first repeated row
+
+
+def test_transfer_panels_on_prometheus_scraping_both_instances(pair, tmp_path):
+    """Grafana's row repeat fills $instance with one instance: each panel then reads that
+    instance's transfers, equal to what the scripted sequence moved."""
+    producer, consumer = pair["producer"], pair["consumer"]
+    instances = {name: f"127.0.0.1:{pair[name].port}" for name in ("producer", "consumer")}
+    probe = "vllm:ec_connector_transfer_items_total"
+
+    def scraped_after(t: float) -> dict[str, float]:
+        """Per instance, its first stored sample after t (the two are scraped out of phase)."""
+        return {name: prom.wait_for_scrape_after(f'{probe}{{instance="{i}"}}', t)
+                for name, i in instances.items()}
+
+    with Prometheus(list(instances.values()), str(tmp_path)) as prom:
+        start = scraped_after(time.time())
+        before = metrics(consumer.url)
+        for n, seed in enumerate([61, 62, 61]):
+            route(pair, body(consumer.model, seed, f"Panel {n}?"))
+        settled(consumer.url, before, "ec_connector_transfer_items{direction=load}", 2)
+        time.sleep(1.5)  # one more update interval on both
+        end = scraped_after(time.time())
+        found = prom.query(f"count by (instance) ({probe})", max(end.values()))
+        assert {s["metric"]["instance"] for s in found} == set(instances.values())
+
+        files = list(pair["shared"].glob("*/*.safetensors"))
+        image_bytes = stored_bytes(pair["shared"]) / len(files)  # images of one size: one shape
+        moved = {"producer": "save", "consumer": "load"}
+        for name, instance in instances.items():
+            # exactly this instance's samples from start to end, as Grafana's range would be
+            at = end[name] + 0.001
+            window = f"{round((at - start[name] + 0.001) * 1000)}ms"
+
+            def panel(title: str) -> dict[str, float]:
+                expr = panel_exprs(title)[0]
+                for var, value in (("job", ".*"), ("model_name", re.escape(pair[name].model)),
+                                   ("instance", re.escape(instance)), ("engine", ".*")):
+                    expr = expr.replace(f"${var}", value.replace("\\", "\\\\"))
+                expr = expr.replace("$__rate_interval", window)
+                return {s["metric"]["direction"]: float(s["value"][1])
+                        for s in prom.query(expr, at)}
+
+            seconds = end[name] - start[name]
+            other = ({"save", "load"} - {moved[name]}).pop()
+            items = {d: v * seconds for d, v in panel("EC transfer items / s").items()}
+            assert items == pytest.approx({moved[name]: 2, other: 0}, rel=2e-3), name
+            moved_bytes = panel("EC transfer bytes / s")[moved[name]] * seconds
+            assert moved_bytes == pytest.approx(2 * image_bytes, rel=2e-3), name
+            per_item = panel("EC transfer seconds per item")
+            assert set(per_item) == {moved[name]} and per_item[moved[name]] > 0, name

@@ -1,4 +1,4 @@
-"""A real Prometheus server on loopback for tests: it scrapes one target every second and answers
+"""A real Prometheus server on loopback for tests: it scrapes its targets every second and answers
 PromQL through its HTTP API; `promtool check metrics` on an exposition page.
 """
 from __future__ import annotations
@@ -23,18 +23,20 @@ def binary(name: str) -> str:
     return path
 
 
-def config(target: str) -> str:
+def config(targets: list[str]) -> str:
+    listed = ", ".join(f"'{t}'" for t in targets)
     return (f"global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
             f"scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n"
-            f"      - targets: ['{target}']\n")
+            f"      - targets: [{listed}]\n")
 
 
 class Prometheus:
-    """`prometheus` scraping `target` ("host:port", path /metrics) every second; its
-    configuration, data and log in `workdir`."""
+    """`prometheus` scraping `target` ("host:port", path /metrics; or a list of them) every
+    second; its configuration, data and log in `workdir`."""
 
-    def __init__(self, target: str, workdir: str):
-        self.target, self.workdir = target, workdir
+    def __init__(self, target: str | list[str], workdir: str):
+        self.targets = [target] if isinstance(target, str) else list(target)
+        self.workdir = workdir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -42,7 +44,7 @@ class Prometheus:
     def start(self, timeout_s: float = 60) -> "Prometheus":
         conf = os.path.join(self.workdir, "prometheus.yml")
         with open(conf, "w") as f:
-            f.write(config(self.target))
+            f.write(config(self.targets))
         self._log = open(os.path.join(self.workdir, "prometheus.log"), "w")
         self.proc = subprocess.Popen(
             [binary("prometheus"), f"--config.file={conf}",
