@@ -43,10 +43,10 @@ def probe_lines(srv, ids: set[str], timeout_s: float = 15) -> dict[str, tuple[st
 
 @pytest.fixture(scope="module")
 def scripted(traced_server):
-    """Three new images at once (misses), two repeats (hits), one request with a repeat and a
-    new image (a miss): images no other test sends."""
+    """Three new images at once (misses), two repeats (hits), then misses one at a time: images
+    no other test sends."""
     url, model = traced_server.url, traced_server.model
-    for i in (9101, 9102, 9103, 9104):  # PNGs made before: no client thread encodes while timing
+    for i in (9101, 9102, 9103, 9104, 9105):  # PNGs made before: no client thread encodes while timing
         ks.data_url(i)
     with ThreadPoolExecutor(3) as pool:
         # A fresh server's first requests take the API server's one-off warm-up (tens of ms
@@ -55,7 +55,9 @@ def scripted(traced_server):
         before = ks.histograms(url, PARTS, TOTAL, STAGE)
         misses = list(pool.map(lambda i: ks.stream_chat(url, model, [i]), (9101, 9102, 9103)))
     hits = [ks.stream_chat(url, model, [i]) for i in (9101, 9102)]
-    mixed = [ks.stream_chat(url, model, [9101, 9104])]
+    # a repeat and a new image; a new image answered in one token (its request ends in the step
+    # that ran its encoder)
+    mixed = [ks.stream_chat(url, model, [9101, 9104]), ks.stream_chat(url, model, [9105], max_tokens=1)]
     requests = {rid: ("miss", t) for rid, t in misses + mixed} | {rid: ("hit", t) for rid, t in hits}
     alone = {rid for rid, _ in hits + mixed}
     lines = probe_lines(traced_server, set(requests))

@@ -207,11 +207,17 @@ def scheduler_created(wrapped, scheduler, args, kwargs):
 def stats_attached(wrapped, scheduler, args, kwargs):
     """Hand the counts and the worker's stage durations to the one EngineCoreOutputs that carries
     this step's SchedulerStats; without one they wait. At most every SEND_EVERY_S while busy,
-    at once when the scheduler runs dry; a worker process' durations are kept whenever they come."""
-    outputs = wrapped(*args, **kwargs)
-    sent = getattr(args[1] if len(args) > 1 else kwargs.get("model_runner_output"),
-                   SENT_DURATIONS, None)
+    at once when the scheduler runs dry; a worker process' durations are kept whenever they come.
+    The step's encoder and EC-load time is shared out first: vLLM's update frees the requests
+    that finish in this step."""
+    runner_output = args[1] if len(args) > 1 else kwargs.get("model_runner_output")
+    sent = getattr(runner_output, SENT_DURATIONS, None)
     state = _states.get(scheduler.encoder_cache_manager)
+    try:
+        _share_step(scheduler, state, args[0] if args else kwargs["scheduler_output"], sent)
+    except Exception as e:  # noqa: BLE001
+        failed("scheduler.emit_stats", e)
+    outputs = wrapped(*args, **kwargs)
     if state is None and not sent and not WORKER.pending:
         return outputs  # nothing multimodal happened in this engine yet
     try:
@@ -219,14 +225,9 @@ def stats_attached(wrapped, scheduler, args, kwargs):
             state = state_of(scheduler.encoder_cache_manager)
         if sent:
             merge(state.worker_durations, sent)
-        ec_connector.received(args[1] if len(args) > 1 else kwargs.get("model_runner_output"))
-        # This step's stage totals: a worker process sent exactly this step's durations.
-        step_ns = ({k: sum(v) for k, v in sent.items()} if sent
-                   else WORKER.take_step() if WORKER.step_ns else None)
-        loaded = state.ledger.take_loaded()
+        ec_connector.received(runner_output)
         if state.shares.open:
-            _share_step(scheduler, state.shares,
-                        args[0] if args else kwargs["scheduler_output"], step_ns or {}, loaded)
+            state.shares.close(lambda request_id: _past_first_token(scheduler, request_id))
         now = time.monotonic()
         if now - state.sent >= SEND_EVERY_S or not scheduler.has_unfinished_requests():
             _attach(state, outputs, now)
@@ -235,11 +236,23 @@ def stats_attached(wrapped, scheduler, args, kwargs):
     return outputs
 
 
-def _share_step(scheduler, shares: ttft.EngineShares, scheduler_output, step_ns: dict,
-                loaded: list[Item]) -> None:
+def _past_first_token(scheduler, request_id: str) -> bool:
+    request = scheduler.requests.get(request_id)
+    return request is None or request.num_output_tokens > 0
+
+
+def _share_step(scheduler, state: EngineState | None, scheduler_output, sent) -> None:
     """The step's encoder time shared among the items it computed, its EC-load time among the
-    items the connector loaded, by embeddings; then the requests past their first token close."""
-    computed = scheduler_output.scheduled_encoder_inputs
+    items the connector loaded, by embeddings. A worker process sent exactly this step's
+    durations; one in this process left its step totals in WORKER."""
+    step_ns = ({k: sum(v) for k, v in sent.items()} if sent
+               else WORKER.take_step() if WORKER.step_ns else {})
+    if state is None:
+        return
+    loaded = state.ledger.take_loaded()
+    shares, computed = state.shares, scheduler_output.scheduled_encoder_inputs
+    if not shares.open:
+        return
     if computed:
         weights: dict[str, int] = {}
         for request_id, input_ids in computed.items():
@@ -254,12 +267,6 @@ def _share_step(scheduler, shares: ttft.EngineShares, scheduler_output, step_ns:
         for item in loaded:
             weights[item.request_id] = weights.get(item.request_id, 0) + item.embeds
         shares.share(ttft.EC_LOAD, step_ns.get(stages.EC_LOAD, 0), weights)
-
-    def past_first_token(request_id: str) -> bool:
-        request = scheduler.requests.get(request_id)
-        return request is None or request.num_output_tokens > 0
-
-    shares.close(past_first_token)
 
 
 def _attach(state: EngineState, outputs, now: float) -> None:
