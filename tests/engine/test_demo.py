@@ -30,6 +30,12 @@ def test_demo_end_to_end(tmp_path):
     # The scripted workload: 18 image items, 9 distinct contents computed once each.
     assert (c["encoder_cache_queries"], c["encoder_cache_hits"], c["encoder_cache_misses"]) == (18, 9, 9)
     assert c["encoder_cache_hits_by_source{source=in_step}"] == 2
+    # 14 of the 17 requests carry images: each has its first token split, hits and misses apart
+    split = summary["ttft_parts"]
+    assert split["hit"]["requests"] + split["miss"]["requests"] == 14
+    assert split["hit"]["encoder"] == 0 < split["miss"]["encoder"]
+    assert "time to first token by part" in text
+    assert summary["steps"]["steps"] > 0 and summary["steps"]["prefill_tokens"] > 0
     for f in ("report.html", "access.log", "vllm.log"):
         assert (out / f).stat().st_size > 0
     assert os.listdir(out / "traces")

@@ -147,6 +147,7 @@ def _report(out: str, profile: str, analysis, elapsed: float) -> None:
     counted = " and ".join(f"{n} {PLURALS[m]}" for m, n in items.items())
     console.print(f"encoder cache hit rate: [bold]{rate:.1f}%[/bold] over {counted} "
                   f"in {summary['requests']} requests")
+    _ttft_table(console, summary.get("ttft_parts") or {})
     s = summary["steps"]
     console.print(f"step_tokens: {s['steps']} steps, {s['prefill_tokens']} prefill and "
                   f"{s['decode_tokens']} decode tokens")
@@ -163,6 +164,22 @@ def _report(out: str, profile: str, analysis, elapsed: float) -> None:
         console.print(f"{label:36} {_short(path)}", highlight=False)
     console.print(f"done in {elapsed:.0f} s. Next: mmscope analyze {_short(profile)}; "
                   "open the trace in https://ui.perfetto.dev", highlight=False)
+
+
+def _ttft_table(console, split: dict) -> None:
+    """Mean time to first token by part, for requests whose items hit and those that missed."""
+    from rich.table import Table
+
+    from mmscope import stages
+
+    if not split:
+        return
+    console.rule("[bold]time to first token by part (vllm:request_ttft_part_seconds), mean ms")
+    table = Table("encoder cache", "requests", *stages.TTFT_PARTS)
+    for outcome, parts in split.items():
+        table.add_row(outcome, f"{parts['requests']:.0f}",
+                      *(f"{parts.get(p, 0):.1f}" for p in stages.TTFT_PARTS))
+    console.print(table)
 
 
 def _short(path: str) -> str:

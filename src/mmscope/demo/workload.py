@@ -65,6 +65,8 @@ class StepTokens(logging.Handler):
         self.steps, self.prefill, self.decode = 0, 0, 0
 
     def emit(self, record):
+        if not str(record.msg).startswith("step_tokens "):
+            return  # another line of mmscope's logger
         fields = dict(kv.split("=") for kv in record.getMessage().split()[1:])
         self.steps += 1
         self.prefill += int(fields["prefill"])
@@ -79,6 +81,24 @@ class StatsLine(logging.Handler):
     def emit(self, record):
         if "Encoder cache hit rate" in str(record.msg):
             self.lines.append(record.getMessage())
+
+
+def ttft_parts(metrics) -> dict[str, dict[str, float]]:
+    """outcome -> {"requests": n, part: mean ms}, from vllm:request_ttft_part_seconds."""
+    from mmscope.expose.ttft import PART_HISTOGRAM
+
+    sums: dict[tuple[str, str], list[float]] = {}
+    for m in metrics:
+        if m.name == PART_HISTOGRAM[0]:
+            labels = dict(m.labels)
+            total = sums.setdefault((labels["encoder_cache"], labels["part"]), [0.0, 0])
+            total[0] += m.sum
+            total[1] += m.count
+    out: dict[str, dict[str, float]] = {}
+    for (outcome, part), (seconds, count) in sorted(sums.items()):
+        if count:
+            out.setdefault(outcome, {"requests": count})[part] = 1000 * seconds / count
+    return out
 
 
 def main(out_dir: str, model: str, arch: str = "llava") -> int:
@@ -99,7 +119,7 @@ def main(out_dir: str, model: str, arch: str = "llava") -> int:
               kv_cache_memory_bytes=64 * 2**20, seed=0, disable_log_stats=False)
     progress(f"engine ready in {time.monotonic() - t0:.1f} s")
     steps, stats = StepTokens(), StatsLine()
-    step_logger = logging.getLogger("vllm.mmscope.step_tokens")
+    step_logger = logging.getLogger("vllm.mmscope")  # step_tokens lines: DEBUG every step
     step_logger.setLevel(logging.DEBUG)
     step_logger.addHandler(steps)
     logging.getLogger("vllm.v1.metrics.loggers").addHandler(stats)
@@ -118,6 +138,7 @@ def main(out_dir: str, model: str, arch: str = "llava") -> int:
                   "decode_tokens": steps.decode},
         "stats_line": stats.lines[-1] if stats.lines else None,
         "requests": sum(len(b) for b in rounds),
+        "ttft_parts": ttft_parts(llm.get_metrics()),
         "items": items_by_modality(arch),
     }
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
