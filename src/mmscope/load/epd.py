@@ -43,7 +43,9 @@ def primer_requests(body: dict) -> list[dict]:
 
 class PairServer(Server):
     """The PD instance as `Server` sees it (models, chat), the encoder instance primed before each
-    chat; metrics() is the encoder instance's reading plus the PD instance's under `pd:`."""
+    chat. metrics() is the encoder instance's reading, except the time-to-first-token splits,
+    which are the PD instance's (the request the user waits for runs there), plus the PD
+    instance's whole reading under `pd:`."""
 
     def __init__(self, encoder_url: str, pd_url: str, request_timeout_s: float,
                  concurrency: int = 1):
@@ -60,7 +62,10 @@ class PairServer(Server):
         if series.QUERIES not in pd:
             raise UserError(f"{self.pd_url}/metrics has no {series.exposed(series.QUERIES)}: is "
                             "mmscope installed in the PD instance's Python environment?")
-        return {**encoder, **{PD + k: v for k, v in pd.items()}}
+        reading = {k: v for k, v in encoder.items() if not k.startswith(series.HISTOGRAMS)}
+        reading.update((k, v) for k, v in pd.items() if k.startswith(series.HISTOGRAMS))
+        reading.update((PD + k, v) for k, v in pd.items())
+        return reading
 
     async def send(self, body: dict, what: str) -> Timing:
         """The pair's time to first token: from the first primer to the PD instance's token."""
