@@ -6,7 +6,7 @@ Independent of vLLM: the adapter feeds it request ids, step figures and vLLM's r
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from mmscope import stages
 
@@ -59,10 +59,9 @@ class EngineShares:
         return done
 
 
-@dataclass(frozen=True)
-class TtftSplit:
+class TtftSplit(NamedTuple):
     """One request's time to first token and its parts, in seconds; `hit`: the encoder ran for
-    none of its items (hits, connector loads, prefix cache)."""
+    none of its items (hits, connector loads, prefix cache). NamedTuples: one per request."""
 
     request_id: str
     engine: int
@@ -71,8 +70,7 @@ class TtftSplit:
     parts: dict[str, float]
 
 
-@dataclass(frozen=True)
-class FrontTimes:
+class FrontTimes(NamedTuple):
     """The API server's view at the request's end (vLLM's RequestStateStats): seconds."""
 
     external_id: str

@@ -3,6 +3,7 @@ end as vLLM's input and output processors see them, joined with EngineCore's sha
 """
 from __future__ import annotations
 
+import functools
 import time
 
 from mmscope.carry import ttft
@@ -52,12 +53,17 @@ def engine_shares(shares: dict[str, list[int]], engine_idx: int) -> None:
         _emit(JOIN.drain())
 
 
+@functools.cache
+def _probe() -> bool:
+    return probe_enabled()
+
+
 def _emit(splits: list[ttft.TtftSplit]) -> None:
     """Whole splits into the histograms at once, and one probe line each with
     VLLM_MM_CACHE_PROBE=1."""
-    from mmscope.vllm.stat_loggers import observe_splits
+    from mmscope.vllm import stat_loggers  # imports this module
 
-    observe_splits(splits)
-    if probe_enabled():
+    stat_loggers.observe_splits(splits)
+    if _probe():
         for split in splits:
             logger.info(ttft.probe_line(split))

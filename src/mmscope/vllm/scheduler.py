@@ -226,10 +226,12 @@ def stats_attached(wrapped, scheduler, args, kwargs):
         if sent:
             merge(state.worker_durations, sent)
         ec_connector.received(runner_output)
-        if state.shares.open:
-            state.shares.close(lambda request_id: _past_first_token(scheduler, request_id))
         now = time.monotonic()
         if now - state.sent >= SEND_EVERY_S or not scheduler.has_unfinished_requests():
+            # Requests past their first token are done with the encoder: checked only as often
+            # as the counts go out, not every step.
+            if state.shares.open:
+                state.shares.close(lambda request_id: _past_first_token(scheduler, request_id))
             _attach(state, outputs, now)
     except Exception as e:  # noqa: BLE001
         failed("scheduler.emit_stats", e)
@@ -247,10 +249,11 @@ def _share_step(scheduler, state: EngineState | None, scheduler_output, sent) ->
     durations; one in this process left its step totals in WORKER."""
     step_ns = ({k: sum(v) for k, v in sent.items()} if sent
                else WORKER.take_step() if WORKER.step_ns else {})
-    if state is None:
-        return
+    computed = scheduler_output.scheduled_encoder_inputs
+    if state is None or not (computed or state.ledger.loaded):
+        return  # most steps: nothing was encoded or loaded
     loaded = state.ledger.take_loaded()
-    shares, computed = state.shares, scheduler_output.scheduled_encoder_inputs
+    shares = state.shares
     if not shares.open:
         return
     if computed:
