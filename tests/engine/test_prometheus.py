@@ -164,8 +164,10 @@ def scraped(tiny_model, tmp_path_factory):
 
 
 def expected_any(title: str, ref: str, w: Window, ids: dict[str, str]) -> dict | None:
-    counters = expected_counters(title, ref, w, ids)
-    return counters if counters is not None else expected_stages(title, ref, w)
+    for expected in (expected_counters(title, ref, w, ids), expected_stages(title, ref, w)):
+        if expected is not None:
+            return expected
+    return expected_ttft(title, ref, w)
 
 
 def variable_values(prom, dash, fill) -> dict[str, list[str]]:
@@ -200,14 +202,16 @@ def sample_map(result: list[dict]) -> dict[tuple, float]:
     return {tuple(sorted(s["metric"].items())): float(s["value"][1]) for s in result}
 
 
-def stage_histograms(page: str) -> dict[str, dict]:
-    """stage -> {"buckets": {le: cumulative count}, "sum": s, "count": n} from a /metrics page."""
-    out: dict[str, dict] = {}
+def stage_histograms(page: str, name: str = "vllm:mm_stage_duration_seconds",
+                     by=lambda labels: labels["stage"]) -> dict:
+    """key -> {"buckets": {le: cumulative count}, "sum": s, "count": n} from a /metrics page,
+    summed over the series of each key (`by`: labels -> key; a stage by default)."""
+    out: dict = {}
     for family in text_string_to_metric_families(page):
-        if family.name != "vllm:mm_stage_duration_seconds":
+        if family.name != name:
             continue
         for s in family.samples:
-            h = out.setdefault(s.labels["stage"], {"buckets": {}, "sum": 0.0, "count": 0.0})
+            h = out.setdefault(by(s.labels), {"buckets": {}, "sum": 0.0, "count": 0.0})
             if s.name.endswith("_bucket"):
                 le = float(s.labels["le"])
                 h["buckets"][le] = h["buckets"].get(le, 0.0) + s.value
@@ -287,6 +291,29 @@ def expected_stages(title: str, ref: str, w: Window) -> dict | None:
     return None
 
 
+def ttft_delta(w: Window, name: str, by) -> dict:
+    return histogram_delta(stage_histograms(w.page_before, name, by),
+                           stage_histograms(w.page_after, name, by))
+
+
+def expected_ttft(title: str, ref: str, w: Window) -> dict | None:
+    """The TTFT row: mean part by outcome, and TTFT quantiles of hits and misses, from the
+    server's own histograms over the window (0/0 is NaN in PromQL too)."""
+    m = re.fullmatch(r"TTFT by part, (hits|misses) \(mean\)", title)
+    if m:
+        outcome = {"hits": "hit", "misses": "miss"}[m[1]]
+        delta = ttft_delta(w, "vllm:request_ttft_part_seconds",
+                           lambda labels: (labels["encoder_cache"], labels["part"]))
+        return {(("part", part),): h["sum"] / h["count"] if h["count"] else math.nan
+                for (o, part), h in delta.items() if o == outcome}
+    if title == "TTFT p50 / p90, hits and misses":
+        q = {"A": 0.5, "B": 0.9}[ref]
+        delta = ttft_delta(w, "vllm:request_mm_time_to_first_token_seconds",
+                           lambda labels: labels["encoder_cache"])
+        return {(("encoder_cache", o),): quantile(q, h["buckets"]) for o, h in delta.items()}
+    return None
+
+
 def same(got: float, want: float) -> bool:
     """Equal within the rounding of the rate window's edges (a millisecond over tens of seconds)."""
     if math.isnan(want):
@@ -325,9 +352,15 @@ def test_capacity_is_set_before_the_first_image(scraped):
     assert scraped.capacity_at_start == CAPACITY  # else the occupancy panels read NaN after each start
 
 
-def test_counter_panels_equal_the_truth_from_the_engine_start(scraped):
+def expected_from_start(title: str, ref: str, w: Window, ids: dict[str, str]) -> dict | None:
+    """Counters, gauges and the TTFT histograms: every series of theirs exists from the start."""
+    counters = expected_counters(title, ref, w, ids)
+    return counters if counters is not None else expected_ttft(title, ref, w)
+
+
+def test_counter_and_ttft_panels_equal_the_truth_from_the_engine_start(scraped):
     a = scraped.a
-    wrong = evaluate(scraped.prom, load_dashboard(), a, expected_counters)
+    wrong = evaluate(scraped.prom, load_dashboard(), a, expected_from_start)
     assert not wrong, "\n".join(wrong)
     unchecked = [k for k, v in a.values.items() if v is None and not k[0].startswith("Stage ")]
     assert not unchecked, f"panels without a truth: {unchecked}"
@@ -347,6 +380,13 @@ def test_every_panel_equals_the_truth_past_the_capacity(scraped):
     wrong = evaluate(scraped.prom, load_dashboard(), c, expected_any)
     assert not wrong, "\n".join(wrong)
     assert all(v is not None for v in c.values.values()), c.values
+
+
+def test_ttft_counts_each_request_of_a_window_as_a_hit_or_a_miss(scraped):
+    """Window B: three new images (misses), then a repeat (a hit)."""
+    delta = ttft_delta(scraped.b, "vllm:request_mm_time_to_first_token_seconds",
+                       lambda labels: labels["encoder_cache"])
+    assert (delta["miss"]["count"], delta["hit"]["count"]) == (3, 1)
 
 
 def test_promtool_finds_only_the_colon_rule_in_our_series(scraped):
