@@ -20,7 +20,7 @@ from mmscope.demo.serve import VllmServer
 from mmscope.load.epd import primer_requests
 from tests.kit import traces as tk
 from tests.kit.prometheus import Prometheus
-from tests.kit.server import data_url, metrics
+from tests.kit.server import data_url, histograms, metrics
 
 pytestmark = pytest.mark.vllm
 
@@ -124,6 +124,29 @@ def transfers(delta: dict, direction: str) -> tuple[int, int, float]:
                  for kind in ("items", "bytes", "seconds"))
 
 
+TTFT_PARTS = "request_ttft_part_seconds"
+
+
+def ttft_histograms(url: str) -> dict[str, float]:
+    return histograms(url, TTFT_PARTS)
+
+
+def part_count(delta: dict, outcome: str) -> float:
+    return delta.get(f"{TTFT_PARTS}_count{{encoder_cache={outcome},part=other}}", 0)
+
+
+def ttft_delta(url: str, before: dict, requests: int, timeout_s: float = 15) -> dict:
+    """The TTFT split's delta once every request's split has arrived."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = ttft_histograms(url)
+        delta = {k: now[k] - before.get(k, 0) for k in now}
+        if part_count(delta, "hit") + part_count(delta, "miss") >= requests \
+                or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.2)
+
+
 def test_transfer_series_exist_at_zero_with_native_labels(pair):
     for name in ("producer", "consumer"):
         text = httpx.get(pair[name].url + "/metrics").text
@@ -138,6 +161,7 @@ def test_transfer_series_exist_at_zero_with_native_labels(pair):
 def test_scripted_sequence_through_the_pair(pair):
     producer, consumer = pair["producer"], pair["consumer"]
     p_before, c_before = metrics(producer.url), metrics(consumer.url)
+    p_ttft_before, c_ttft_before = ttft_histograms(producer.url), ttft_histograms(consumer.url)
     for n, seed in enumerate([51, 52, 51]):
         assert route(pair, body(consumer.model, seed, f"Question {n}?"))["choices"]
     p = settled(producer.url, p_before, "encoder_cache_queries", 3)
@@ -165,6 +189,16 @@ def test_scripted_sequence_through_the_pair(pair):
     c_stages, p_stages = stage_counts(consumer.url), stage_counts(producer.url)
     assert c_stages[stages.VIT_FORWARD] == 0 and c_stages[stages.EC_LOAD] > 0
     assert p_stages[stages.VIT_FORWARD] > 0 and p_stages[stages.EC_SAVE] == 2
+    # Time to first token: the encoder instance's two first sights are misses; on the PD instance
+    # every request is a hit whose first token waited for no encoder, the two connector loads'
+    # time its ec_load part.
+    p_ttft = ttft_delta(producer.url, p_ttft_before, 3)
+    c_ttft = ttft_delta(consumer.url, c_ttft_before, 3)
+    assert (part_count(p_ttft, "miss"), part_count(p_ttft, "hit")) == (2, 1)
+    assert (part_count(c_ttft, "miss"), part_count(c_ttft, "hit")) == (0, 3)
+    assert c_ttft[f"{TTFT_PARTS}_sum{{encoder_cache=hit,part=encoder}}"] == 0
+    assert c_ttft[f"{TTFT_PARTS}_sum{{encoder_cache=hit,part=ec_load}}"] > 0
+    assert p_ttft[f"{TTFT_PARTS}_sum{{encoder_cache=miss,part=encoder}}"] > 0
     time.sleep(1.0)  # the traces are flushed every 0.5 s
     c_ranges, _ = tk.load(consumer.trace_dir)
     p_ranges, _ = tk.load(producer.trace_dir)
