@@ -60,6 +60,17 @@ class _Spans(Decorates):
 span: Callable[[str], object] = _NoSpan
 
 
+def spanned(name: str, call):
+    """A wrapt wrapper running `call(wrapped, args, kwargs)` inside span `name` while tracing is
+    on, and straight otherwise (no span object at all on that road)."""
+    def wrapper(wrapped, instance, args, kwargs):
+        if on:
+            with span(name):
+                return call(wrapped, args, kwargs)
+        return call(wrapped, args, kwargs)
+    return wrapper
+
+
 def mark(name: str) -> None:
     """A zero-duration range (opened and closed at once), e.g. the per-step `step_meta`."""
     for b in _backends:

@@ -53,12 +53,6 @@ def _transfer(stage: str, direction: str, call):
     """A wrapper that runs `call(wrapped, args, kwargs) -> (result, items, bytes)` as one timed
     stage (a span too while tracing) and counts what it moved; a call that moved nothing is a
     stage sample only, so that seconds per item is the cost of a transfer."""
-    def wrapper(wrapped, connector, args, kwargs):
-        if tracing.on:
-            with tracing.span(stage):
-                return _timed(wrapped, args, kwargs)
-        return _timed(wrapped, args, kwargs)
-
     def _timed(wrapped, args, kwargs):
         t0 = time.perf_counter_ns()
         result, moved = call(wrapped, args, kwargs)
@@ -72,7 +66,7 @@ def _transfer(stage: str, direction: str, call):
         except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
             failed(HOOK, e)
         return result
-    return wrapper
+    return tracing.spanned(stage, _timed)
 
 
 def _load(wrapped, args, kwargs):

@@ -31,12 +31,6 @@ def timed(name: str, multimodal=None, hook: str | None = None):
     `multimodal(result, args, kwargs)`, a call of a step without multimodal embeddings (a decode
     step) gives no histogram sample: the stage describes multimodal work. `hook`: the table's
     hook that an error of ours turns off."""
-    def wrapper(wrapped, instance, args, kwargs):
-        if tracing.on:
-            with tracing.span(name):
-                return _timed_call(wrapped, args, kwargs)
-        return _timed_call(wrapped, args, kwargs)
-
     def _timed_call(wrapped, args, kwargs):
         t0 = time.perf_counter_ns()
         result = wrapped(*args, **kwargs)
@@ -46,7 +40,7 @@ def timed(name: str, multimodal=None, hook: str | None = None):
         except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
             failed(hook or f"ranges.{name}", e)
         return result
-    return wrapper
+    return tracing.spanned(name, _timed_call)
 
 
 def _gathered(result, args, kwargs) -> bool:
