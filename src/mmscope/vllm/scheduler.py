@@ -8,9 +8,8 @@ import os
 import time
 import weakref
 
-from mmscope.carry import access_log
 from mmscope import stages
-from mmscope.carry import ttft
+from mmscope.carry import access_log, ttft
 from mmscope.carry.ledger import Decision, EncoderCacheLedger, Item, probe_line
 from mmscope.emit.stage_timer import WORKER, merge
 from mmscope.log import logger
@@ -247,11 +246,11 @@ def _share_step(scheduler, state: EngineState | None, scheduler_output, sent) ->
     """The step's encoder time shared among the items it computed, its EC-load time among the
     items the connector loaded, by embeddings. A worker process sent exactly this step's
     durations; one in this process left its step totals in WORKER."""
-    step_ns = ({k: sum(v) for k, v in sent.items()} if sent
-               else WORKER.take_step() if WORKER.step_ns else {})
+    in_process = WORKER.take_step() if WORKER.step_ns else None  # taken every step: one step's
     computed = scheduler_output.scheduled_encoder_inputs
     if state is None or not (computed or state.ledger.loaded):
         return  # most steps: nothing was encoded or loaded
+    step_ns = {k: sum(v) for k, v in sent.items()} if sent else (in_process or {})
     loaded = state.ledger.take_loaded()
     shares = state.shares
     if not shares.open:
