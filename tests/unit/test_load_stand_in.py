@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,12 +51,17 @@ class ImageCache:
         self.capacity, self.keeps = capacity, keeps
         self.resident: OrderedDict[str, None] = OrderedDict()
         self.counts = dict.fromkeys(("queries", "hits", "misses", "evictions"), 0)
+        self.answered: set[str] = set()
+        self.early_repeats = 0  # images asked for again before their first request was answered
         self.lock = threading.Lock()
 
-    def request(self, images: list[str]) -> None:
+    def request(self, images: list[str]) -> int:
+        """Looks the images up; returns how many missed."""
+        misses = self.counts["misses"]
         with self.lock:
             for url in images:
                 self.counts["queries"] += 1
+                self.early_repeats += url in self.resident and url not in self.answered
                 if url in self.resident:
                     self.counts["hits"] += 1
                     self.resident.move_to_end(url)
@@ -66,6 +72,11 @@ class ImageCache:
                     while len(self.resident) > self.capacity:
                         self.resident.popitem(last=False)
                         self.counts["evictions"] += 1
+            return self.counts["misses"] - misses
+
+    def answer(self, images: list[str]) -> None:
+        with self.lock:
+            self.answered.update(images)
 
     def page(self) -> str:
         with self.lock:
@@ -122,11 +133,14 @@ def serving(get_routes, post):
 
 
 @contextmanager
-def chat_stand_in(cache: ImageCache):
+def chat_stand_in(cache: ImageCache, first_sight_s: float = 0.0):
+    """`first_sight_s`: how long a request with an image new to the cache takes to answer."""
     def post(body):
         content = body["messages"][0]["content"]
         images = [part["image_url"]["url"] for part in content if part["type"] == "image_url"]
-        cache.request(images)
+        if cache.request(images):
+            time.sleep(first_sight_s)
+        cache.answer(images)
         usage = {"prompt_tokens": TEXT_TOKENS + EMBEDS * len(images),
                  "completion_tokens": body["max_tokens"]}
         return 200, "text/event-stream", sse(
@@ -159,6 +173,17 @@ def test_counts_equal_the_plan_when_the_cache_holds_every_image(tmp_path):
         assert level["verdict"] == {"status": "match", "text": f"hits match the plan "
                                     f"({level['planned_hits']} of {level['planned_hits']})"}
     assert plot.read_text().lstrip().startswith("<?xml")
+
+
+def test_a_repeat_leaves_once_its_first_sight_is_answered():
+    """Sent together, a server could encode the repeat first, and the plan's hit (and a hit's
+    time to first token) would land on the other request."""
+    cache = ImageCache(capacity=1000)
+    with chat_stand_in(cache, first_sight_s=0.05) as url:
+        out = load_json(url, *SWEEP, "--reuse", "0.5,0.9", "--requests", "12",
+                        "--images-per-request", "2", "--concurrency", "4")
+    assert [lv["observed_hits"] for lv in out["levels"]] == [12, 22]
+    assert cache.early_repeats == 0
 
 
 def test_a_small_cache_gives_a_shortfall_that_capacity_explains():

@@ -108,13 +108,24 @@ async def run_level(server: Server, target: Target, workload: Workload, plan: Le
 async def _send_all(server, model, workload, plan, concurrency, max_tokens, on_done):
     pending = iter(plan.requests)  # shared by the workers, so requests leave in plan order
     results: list[RequestResult] = []
+    answered = {r.index: asyncio.Event() for r in plan.requests}
+    first_shown = _first_shown(plan)
 
     async def worker():
         for request in pending:
+            # A repeat waits for the answer to the request that first showed its image: sent
+            # together, the server could encode the repeat first and the plan's hit would land
+            # on the other request.
+            for image, repeat in zip(request.images, request.repeats):
+                if repeat:
+                    await answered[first_shown[image]].wait()
             urls = [workload.data_url(plan.level, i) for i in request.images]
             what = f"request {request.index} of reuse level {plan.reuse:g}"
-            timing = await server.chat(model, request.text, urls, max_tokens, what,
-                                       images_first=workload.prefix)
+            try:
+                timing = await server.chat(model, request.text, urls, max_tokens, what,
+                                           images_first=workload.prefix)
+            finally:
+                answered[request.index].set()
             results.append(RequestResult(request, timing))
             if on_done:
                 on_done()
@@ -126,6 +137,16 @@ async def _send_all(server, model, workload, plan, concurrency, max_tokens, on_d
         for task in tasks:
             task.cancel()
     return sorted(results, key=lambda r: r.request.index)
+
+
+def _first_shown(plan: LevelPlan) -> dict[int, int]:
+    """Per image, the request that sends it first."""
+    shown: dict[int, int] = {}
+    for request in plan.requests:
+        for image, repeat in zip(request.images, request.repeats):
+            if not repeat:
+                shown.setdefault(image, request.index)
+    return shown
 
 
 async def _settled_metrics(server: Server, before: dict, expected_queries: int,
