@@ -67,7 +67,7 @@ class TtftSplit(NamedTuple):
     engine: int
     hit: bool
     ttft_s: float
-    parts: dict[str, float]
+    parts: dict[str, float]  # in stages.TTFT_PARTS order (the histograms zip them)
 
 
 class FrontTimes(NamedTuple):

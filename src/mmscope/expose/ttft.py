@@ -36,17 +36,19 @@ class TtftProm:
                               labelnames=labels + ["part", "encoder_cache"], buckets=BUCKETS)
         total = histogram_cls(name=TTFT_HISTOGRAM[0], documentation=TTFT_HISTOGRAM[1],
                               labelnames=labels + ["encoder_cache"], buckets=BUCKETS)
-        # (engine, outcome) -> (the TTFT child, part -> child): resolved once, made at 0.
-        self._children = {
-            (idx, outcome): (total.labels(*values, outcome),
-                             {p: parts.labels(*values, p, outcome) for p in stages.TTFT_PARTS})
+        # (engine, hit) -> the children's observe methods, the TTFT's first, then the parts' in
+        # stages.TTFT_PARTS order: resolved once (labels() locks and hashes), made at 0.
+        self._observers = {
+            (idx, outcome == "hit"): (total.labels(*values, outcome).observe,
+                                      tuple(parts.labels(*values, p, outcome).observe
+                                            for p in stages.TTFT_PARTS))
             for idx, values in per_engine_labelvalues.items() for outcome in OUTCOMES}
 
     def observe(self, split: TtftSplit) -> None:
-        children = self._children.get((split.engine, "hit" if split.hit else "miss"))
-        if children is None:
+        observers = self._observers.get((split.engine, split.hit))
+        if observers is None:
             return
-        total, parts = children
-        total.observe(split.ttft_s)
-        for part, seconds in split.parts.items():
-            parts[part].observe(seconds if seconds > 0 else 0.0)
+        total, parts = observers
+        total(split.ttft_s)
+        for observe, seconds in zip(parts, split.parts.values()):
+            observe(seconds if seconds > 0 else 0.0)

@@ -12,6 +12,10 @@ from mmscope.vllm.patching import failed
 from mmscope.vllm.scheduler import probe_enabled
 
 JOIN = ttft.TtftJoin()
+# The TTFT histograms of the newest PrometheusStatLogger (stat_loggers.py sets them): vLLM's
+# __init__ unregisters every vllm:* collector, so only the newest is exposed; a plain list, not a
+# weak mapping, since every multimodal request observes into it.
+HISTOGRAMS: list = []
 
 
 def request_id_assigned(wrapped, instance, args, kwargs):
@@ -59,11 +63,11 @@ def _probe() -> bool:
 
 
 def _emit(splits: list[ttft.TtftSplit]) -> None:
-    """Whole splits into the histograms at once, and one probe line each with
-    VLLM_MM_CACHE_PROBE=1."""
-    from mmscope.vllm import stat_loggers  # imports this module
-
-    stat_loggers.observe_splits(splits)
+    """Whole splits into the histograms as soon as they are whole (the engine may be idle after),
+    and one probe line each with VLLM_MM_CACHE_PROBE=1."""
+    for histograms in HISTOGRAMS:
+        for split in splits:
+            histograms.observe(split)
     if _probe():
         for split in splits:
             logger.info(ttft.probe_line(split))

@@ -16,10 +16,6 @@ from mmscope.vllm.patching import failed
 
 # vLLM's logger objects -> ours, weakly: mmscope adds no attributes to vLLM's objects.
 _prom: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # PrometheusStatLogger -> series
-# The TTFT histograms of the newest PrometheusStatLogger: vLLM's __init__ unregisters every vllm:*
-# collector, so only the newest is exposed; one list, not a weak mapping, since every multimodal
-# request observes into it.
-_ttft: list = []
 _windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # LoggingStatLogger -> window
 
 
@@ -33,7 +29,8 @@ def prometheus_created(wrapped, prom_logger, args, kwargs):
             prom_logger.per_engine_labelvalues, modalities, capacity,
             ec_connector=_has_ec_connector(prom_logger.vllm_config))
         if modalities:
-            _ttft[:] = [TtftProm(prom_logger._histogram_cls, prom_logger.per_engine_labelvalues)]
+            request_times.HISTOGRAMS[:] = [
+                TtftProm(prom_logger._histogram_cls, prom_logger.per_engine_labelvalues)]
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
         failed("prometheus.create", e)
     return result
@@ -78,13 +75,6 @@ def stats_recorded(wrapped, manager, args, kwargs):
         except Exception as e:  # noqa: BLE001
             failed("stat_loggers.record", e)
     return result
-
-
-def observe_splits(splits) -> None:
-    """Requests' TTFT splits, observed as soon as they are whole (the engine may be idle after)."""
-    for ttft in _ttft:
-        for split in splits:
-            ttft.observe(split)
 
 
 def _record(stat_logger, stats, engine_idx: int) -> None:
