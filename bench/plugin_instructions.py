@@ -182,7 +182,12 @@ def run_child(args, out_dir: str) -> None:
     cmd += ["--no-chrome"] if args.no_chrome else []
     # Passive OpenMP threads sleep instead of spinning: a spin loop's instruction count depends
     # on timing, and Valgrind runs one thread at a time. VLLM_CPU_KVCACHE_SPACE as in the tests.
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    # PYTHONPATH: vLLM inspects the model class in a subprocess, which needs the tiny LLaVA's
+    # imports too (environment.install() covers only this process).
+    from mmscope.demo import environment
+
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE",
+               PYTHONPATH=environment.pythonpath(os.environ.get("PYTHONPATH")))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     log_path = os.path.join(out_dir, "child.log")
     print(f"plugin_instructions: counting under Valgrind (log: {log_path})", file=sys.stderr)

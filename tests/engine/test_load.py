@@ -59,13 +59,14 @@ def test_counts_equal_the_plan_when_the_cache_holds_a_level(traced_server, tmp_p
         assert level["prefix_cache"]["hits"] == 0
         assert level["mm_cache"]["queries"] == 40
         # Each request's TTFT split: a hit is a request whose images all repeat (the cache
-        # holds the level); a hit's encoder share is 0; the client waits a little beyond.
+        # holds the level); a hit's encoder share is 0; the client waits beyond the server (wall time:
+        # how much more is printed, not asserted).
         split = level["ttft_parts"]
         assert (split["hit"]["requests"], split["miss"]["requests"]) == \
             (level["repeat_requests"], 20 - level["repeat_requests"])
         assert split["miss"]["parts"]["encoder"]["mean_ms"] > 0
         assert split["hit"]["requests"] == 0 or split["hit"]["parts"]["encoder"]["mean_ms"] == 0
-        assert 0 <= split["client_beyond_server_mean_ms"] < 100
+        assert split["client_beyond_server_mean_ms"] >= 0
     ttft = out["levels"][2]["ttft_ms"]
     assert all(ttft[k] > 0 for k in ("repeat_p50", "repeat_p90", "new_p50", "new_p90"))
     assert out["levels"][0]["ttft_ms"]["repeat_p50"] is None  # reuse 0: nothing repeats
