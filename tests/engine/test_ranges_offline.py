@@ -146,11 +146,11 @@ def test_stage_histograms_hold_every_range_once_the_engine_is_idle(traced):
              stages.PREPARE_MM_INPUTS, stages.hash_range("pil_image"),
              stages.processor_range("apply_hf_processor"))
     seen = {name: after.get(name, 0) - before.get(name, 0) for name in names}
-    every_step = (stages.GATHER_MM_EMBEDDINGS, stages.EMBED_INPUT_IDS)
+    every_step = (stages.GATHER_MM_EMBEDDINGS, stages.EMBED_INPUT_IDS, stages.PREPARE_MM_INPUTS)
     assert {n: v for n, v in seen.items() if n not in every_step} == \
         {name: len(tk.named(rs, name)) for name in names if name not in every_step}
     assert seen[stages.VIT_FORWARD] == 1
-    # Gathering and merging run every step, a range each, but give a sample only in the step
-    # that had multimodal embeddings: the image request's prefill.
+    # Gathering, merging and preparing the inputs run every step, a range each, but give a
+    # sample only in the step that had multimodal embeddings: the image request's prefill.
     for name in every_step:
         assert len(tk.named(rs, name)) >= 6 and seen[name] == 1

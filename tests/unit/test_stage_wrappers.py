@@ -216,6 +216,32 @@ def test_two_calls_give_two_samples():
     assert len(durations) == 2 and all(d > 0 for d in durations)
 
 
+class Preprocessing(Runner):
+    def _prepare_mm_inputs(self, num_tokens):
+        return None, num_tokens
+
+
+def test_preparing_the_inputs_gives_a_sample_only_in_a_step_that_gathered_embeddings():
+    """vLLM's _preprocess gathers, then prepares the inputs, every step: a decode step's prepare
+    is no multimodal work, so only a step whose gather found embeddings gives its sample."""
+    hooks = [Hook("test.gather", f"{__name__}:Preprocessing._gather_mm_embeddings",
+                  ("self", "scheduler_output"), worker.gather_mm_embeddings, "ranges", "worker"),
+             Hook("test.prepare", f"{__name__}:Preprocessing._prepare_mm_inputs",
+                  ("self", "num_tokens"), worker.prepare_mm_inputs, "ranges", "worker")]
+    for hook in hooks:
+        hook.apply()
+    try:
+        runner = Preprocessing()
+        for step_embeddings in (2, 0, 0, 1, 0):  # a prefill with an image, decodes, another
+            runner._gather_mm_embeddings(step_embeddings)
+            assert runner._prepare_mm_inputs(7) == (None, 7)
+        runner._prepare_mm_inputs(7)  # a path with no gather before it
+    finally:
+        for hook in hooks:
+            hook.revert()
+    assert counts(WORKER) == {stages.GATHER_MM_EMBEDDINGS: 2, stages.PREPARE_MM_INPUTS: 2}
+
+
 def test_the_table_times_vllms_gather_and_prepare_methods():
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 

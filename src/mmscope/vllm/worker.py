@@ -43,8 +43,15 @@ def timed(name: str, multimodal=None, hook: str | None = None):
     return tracing.spanned(name, _timed_call)
 
 
+# Whether this step's gather found multimodal embeddings: vLLM's _preprocess gathers before it
+# prepares the inputs, on the same thread, so the prepare stage reads (and clears) it.
+_step_gathered = False
+
+
 def _gathered(result, args, kwargs) -> bool:
-    return bool(result[0])  # (mm_embeds, is_mm_embed): the step's gathered embeddings
+    global _step_gathered
+    _step_gathered = bool(result[0])  # (mm_embeds, is_mm_embed): the step's gathered embeddings
+    return _step_gathered
 
 
 def _merged(result, args, kwargs) -> bool:
@@ -52,8 +59,14 @@ def _merged(result, args, kwargs) -> bool:
     return bool(embeddings is not None and len(embeddings))
 
 
+def _prepared(result, args, kwargs) -> bool:
+    global _step_gathered
+    gathered, _step_gathered = _step_gathered, False
+    return gathered
+
+
 gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS, _gathered, "ranges.gather_mm_embeddings")
-prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, hook="ranges.prepare_mm_inputs")
+prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, _prepared, "ranges.prepare_mm_inputs")
 
 
 # --- instance methods, wrapped once their object exists ----------------------------------------
