@@ -197,3 +197,11 @@ def test_header_when_the_server_did_not_say():
     level.embeds_per_image = None
     assert printed(info, [level])[1] == ("per level: 1 request of 3 images, concurrency 1; 8x8 "
                                          "images (unknown embeds each); encoder cache unknown")
+
+
+def test_a_server_without_the_ttft_split_gets_the_switch_named():
+    info = RunInfo("http://x:1", "m", 5, 6, 1, 2, (32, 24), 16)
+    hint = ("time to first token by part: the server splits none (start it with "
+            "MMSCOPE_TTFT_PARTS=1 in its environment)")
+    assert hint in printed(info, [quiet_level()])
+    assert hint not in printed(info, [busy_level(), quiet_level()])

@@ -195,3 +195,35 @@ def test_stage_durations_of_both_processes_reach_the_histogram(vllm_config, metr
     assert counts == {**{stage: 0 for stage in stages.TIMED_STAGES},
                       "mm:hash:pil_image": 1, "gpu_model_runner: vit_forward": 2}
     assert not FRONTEND.pending
+
+
+TTFT_HOOKS = ("request_times.assigned", "request_times.finished")
+
+
+@pytest.mark.parametrize("switch", ["", "1"])
+def test_the_ttft_split_is_applied_and_exposed_only_with_its_switch(vllm_config, metrics_hooks,
+                                                                   monkeypatch, switch):
+    """MMSCOPE_TTFT_PARTS=1 applies the two API-server hooks and makes the split's series at 0;
+    without it neither, and doctor's status says how to turn it on."""
+    from mmscope.vllm import request_times
+    from mmscope.vllm.instrumentor import get_instrumentor
+
+    monkeypatch.setenv("MMSCOPE_TTFT_PARTS", switch)
+    instrumentor = get_instrumentor()
+    instrumentor.uninstrument()
+    try:
+        status = instrumentor.instrument()
+        manager(vllm_config)
+        series = samples("vllm:request_")
+        parts = {k for k in series if k[0].startswith("vllm:request_ttft_part_seconds")}
+        if switch:
+            assert {status[h] for h in TTFT_HOOKS} == {APPLIED}
+            assert parts and all(series[k] == 0 for k in parts)
+            assert len(request_times.HISTOGRAMS) == 1
+        else:
+            assert {status[h] for h in TTFT_HOOKS} == {"off (MMSCOPE_TTFT_PARTS=1 turns it on)"}
+            assert not parts and request_times.HISTOGRAMS == []
+    finally:
+        monkeypatch.delenv("MMSCOPE_TTFT_PARTS")
+        instrumentor.uninstrument()
+        instrumentor.instrument()

@@ -64,10 +64,11 @@ def _recorder_available() -> bool:
 
 def _run_workload(out: str, model: str, arch: str, status) -> str:
     """The workload in a child process: under `mmscope record` (NVTX -> nsys-schema SQLite) when
-    the recorder is built, always with the chrome backend too (a Perfetto-ready trace)."""
+    the recorder is built, always with the chrome backend too (a Perfetto-ready trace), the access
+    log and the opt-in TTFT split on."""
     env = dict(os.environ, MMSCOPE_TRACE_DIR=os.path.join(out, "traces"), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-               MMSCOPE_ACCESS_LOG=os.path.join(out, "access.log"))
+               MMSCOPE_ACCESS_LOG=os.path.join(out, "access.log"), MMSCOPE_TTFT_PARTS="1")
     for stale in ("access.log", "summary.json"):
         if os.path.exists(os.path.join(out, stale)):
             os.remove(os.path.join(out, stale))

@@ -15,6 +15,8 @@ MAIN_TITLE = "encoder cache per reuse level"
 CACHE_TITLE = "hits by source, capacity, and vLLM's other caches"
 TTFT_TITLE = ("time to first token by part, server side, p50 / p90 ms (mean in --json); "
               "hit: the encoder ran for none of the request's items")
+TTFT_OFF = ("time to first token by part: the server splits none "
+            "(start it with MMSCOPE_TTFT_PARTS=1 in its environment)")
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> No
     for title, table in tables:
         console.print(title, highlight=False)
         console.print(table)
+    if not any(key.startswith(series.TTFT_MM) for level in levels for key in level.delta):
+        console.print(TTFT_OFF, highlight=False)
     for level in levels:
         style = "" if level.verdict.ok else "bold red"
         console.print(f"reuse {level.plan.reuse:g}: {level.verdict.text}", style=style,

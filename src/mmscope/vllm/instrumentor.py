@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from mmscope.carry import ttft
 from mmscope.emit import tracing
 from mmscope.log import logger
 from mmscope.vllm import schema, stat_loggers, targets, worker
@@ -54,9 +55,13 @@ class VllmInstrumentor:
         schema.inject_scheduler_stats_fields()
         skipped = skipped_hooks()
         hooks = self.hooks + (self.scope_hooks if tracing.on else [])
+        split_ttft = ttft.enabled()
         for hook in hooks:
             if hook.name.startswith(skipped) or hook.feature in skipped:
                 hook.status = "off (MMSCOPE_SKIP_HOOKS)"
+                continue
+            if hook.feature == "ttft_parts" and not split_ttft:
+                hook.status = f"off ({ttft.ENV}=1 turns it on)"
                 continue
             hook.apply()
         stat_loggers.install_log_filter()

@@ -42,6 +42,7 @@ class EngineState:
         self.ledger = EncoderCacheLedger(probe=_sink(probe_enabled(), log_access))
         self.worker_durations: dict[str, list[int]] = {}
         self.shares = ttft.EngineShares()  # each multimodal request's encoder and EC-load time
+        self.split_ttft = ttft.enabled()  # no request is admitted to the shares otherwise
         self.sent = float("-inf")
 
 
@@ -152,9 +153,10 @@ def step_scheduled(wrapped, scheduler, args, kwargs):
 def _commit(scheduler, manager, output) -> None:
     state = state_of(manager)
     ledger = state.ledger
-    for new in output.scheduled_new_reqs:
-        if new.mm_features:
-            state.shares.admit(new.req_id)
+    if state.split_ttft:
+        for new in output.scheduled_new_reqs:
+            if new.mm_features:
+                state.shares.admit(new.req_id)
     if not scheduler.is_encoder_decoder:  # their items sit at position 0: never prefix-covered
         _prefix_covered(scheduler, ledger, output)
     ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)

@@ -8,6 +8,7 @@ import logging
 import threading
 import weakref
 
+from mmscope.carry import ttft
 from mmscope.emit.stage_timer import FRONTEND, merge
 from mmscope.expose.metrics import EncoderCacheProm
 from mmscope.expose.ttft import TtftProm
@@ -28,9 +29,9 @@ def prometheus_created(wrapped, prom_logger, args, kwargs):
             prom_logger._counter_cls, prom_logger._gauge_cls, prom_logger._histogram_cls,
             prom_logger.per_engine_labelvalues, modalities, capacity,
             ec_connector=_has_ec_connector(prom_logger.vllm_config))
-        if modalities:
-            request_times.HISTOGRAMS[:] = [
-                TtftProm(prom_logger._histogram_cls, prom_logger.per_engine_labelvalues)]
+        request_times.HISTOGRAMS[:] = [
+            TtftProm(prom_logger._histogram_cls, prom_logger.per_engine_labelvalues)
+        ] if modalities and ttft.enabled() else []
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
         failed("prometheus.create", e)
     return result

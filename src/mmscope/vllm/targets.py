@@ -51,14 +51,15 @@ def metrics_hooks() -> list[Hook]:
              sl.stats_recorded, "metrics", "API server"),
         Hook("log_line.format", f"{LOGGERS}:LoggingStatLogger.log", ("self",), sl.stats_logged,
              "metrics", "API server"),
-        # Each multimodal request's time to first token by part (docs/design.md §4a).
+        # Each multimodal request's time to first token by part (docs/design.md §4a): only
+        # with MMSCOPE_TTFT_PARTS=1 (the instrumentor leaves feature ttft_parts out otherwise).
         Hook("request_times.assigned",
              "vllm.v1.engine.input_processor:InputProcessor.assign_request_id", ("request",),
-             rt.request_id_assigned, "metrics", "API server"),
+             rt.request_id_assigned, "ttft_parts", "API server"),
         Hook("request_times.finished",
              "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",
              ("self", "req_state", "finish_reason", "iteration_stats"), rt.request_finished,
-             "metrics", "API server"),
+             "ttft_parts", "API server"),
     ]
 
 
