@@ -9,8 +9,11 @@ instructions added per request and per engine step, from which the cost on a rea
 20-50 ms step can be read off. --cache-sim adds a cycle estimate (Ir + 10 x L1 misses + 100 x LL
 misses, the last level a core's 2 MiB share of a shared cache).
 
-Run: .venv/bin/python bench/plugin_instructions.py [--pairs 3] [--max-tokens 16,128] [--requests 48]
-     [--cache-sim] [--settle N] [--keep DIR]  |  --report DIR [--requests 48]
+Run: .venv/bin/python bench/plugin_instructions.py [--runner v1|v2] [--pairs 3] [--max-tokens 16,128]
+     [--requests 48] [--cache-sim] [--settle N] [--keep DIR]  |  --report DIR [--requests 48]
+--runner v2 counts vLLM's Model Runner V2, run on this CPU through Triton's interpreter (the test
+suite's start-up, tests/data/runner_v2): its kernels, interpreted in Python, inflate the bare batch,
+so read V2's cost from the instructions added per request and per step.
 Needs Valgrind (Debian: apt-get install valgrind) and a C compiler (bench/callgrind_mark.c marks
 the batches). Valgrind runs the engine about 130x slower: a 16-token batch takes about 25 s, a
 128-token one about 2 minutes, the engine's start about a minute.
@@ -124,7 +127,7 @@ def child(args) -> None:
     from vllm import SamplingParams
 
     from mmscope.demo import tiny_model
-    from mmscope.vllm import scheduler, worker
+    from mmscope.vllm import engine_stats, step_telemetry
     from mmscope.vllm.instrumentor import get_instrumentor
 
     from mmscope.emit import chrome, tracing
@@ -132,7 +135,7 @@ def child(args) -> None:
     mark = ctypes.CDLL(args.marker)
     mark.mark_dump.argtypes = [ctypes.c_char_p]
     llm = engine(tiny_model.build(tiny_model.default_dir()))
-    scheduler.SEND_EVERY_S = EMISSION_TIMER_S
+    engine_stats.SEND_EVERY_S = EMISSION_TIMER_S
     # The chrome writer's thread wakes every half second; a hundred times as often per batch under
     # Valgrind. Its work is counted instead by one flush at the end of each counted batch.
     chrome.FLUSH_INTERVAL_S = EMISSION_TIMER_S
@@ -156,14 +159,14 @@ def child(args) -> None:
                                      use_tqdm=False)
                     batch_no += 1
                     batch = workload_batch(batch_no, args.requests)
-                    steps = worker._telemetry().step
+                    steps = step_telemetry._telemetry().step
                     gc.collect()
                     mark.mark_start()
                     llm.generate(batch, params, use_tqdm=False)
                     tracing.flush()  # the batch's events formatted and written, counted
                     mark.mark_dump(f"{n}|{pair}|{name}".encode())
                     print(f"counted: {n} tokens, pair {pair + 1}/{args.pairs}, {name}, "
-                          f"steps={worker._telemetry().step - steps}", file=sys.stderr, flush=True)
+                          f"steps={step_telemetry._telemetry().step - steps}", file=sys.stderr, flush=True)
         apply(instrumentor, TRACING_OFF, trace_dir)
 
 
@@ -177,7 +180,7 @@ def run_child(args, out_dir: str) -> None:
            *(["--cache-sim=yes", LL_CACHE] if args.cache_sim else ["--cache-sim=no"]),
            sys.executable, os.path.abspath(__file__), "--child", "--marker", marker,
            "--pairs", str(args.pairs), "--requests", str(args.requests),
-           "--settle", str(args.settle),
+           "--settle", str(args.settle), "--runner", args.runner,
            "--max-tokens", ",".join(map(str, args.max_tokens))]
     cmd += ["--no-chrome"] if args.no_chrome else []
     # Passive OpenMP threads sleep instead of spinning: a spin loop's instruction count depends
@@ -186,8 +189,12 @@ def run_child(args, out_dir: str) -> None:
     # imports too (environment.install() covers only this process).
     from mmscope.demo import environment
 
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE",
-               PYTHONPATH=environment.pythonpath(os.environ.get("PYTHONPATH")))
+    sys.path.insert(0, str(ROOT))
+    from tests.kit import runners
+
+    pythonpath = environment.pythonpath(os.environ.get("PYTHONPATH"))
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PYTHONPATH=pythonpath)
+    env.update(runners.environment(args.runner, pythonpath))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     log_path = os.path.join(out_dir, "child.log")
     print(f"plugin_instructions: counting under Valgrind (log: {log_path})", file=sys.stderr)
@@ -233,7 +240,7 @@ def cycles(events: dict[str, int]) -> int:
     return sum(events.get(k, 0) * w for k, w in CYCLE_WEIGHTS.items())
 
 
-def report(counts, requests: int, where: str) -> None:
+def report(counts, requests: int, where: str, runner: str) -> None:
     """Per answer length and configuration: the median batch, and each batch against the bare
     batch of its pair."""
     if not counts:
@@ -245,8 +252,8 @@ def report(counts, requests: int, where: str) -> None:
         pairs = sorted({p for m, p, _ in counts if m == n})
         names = [BARE] + [name for name in dict.fromkeys(c for m, _, c in counts if m == n)
                           if name != BARE]
-        print(f"== {n} tokens a request, {requests} image requests a batch, {len(pairs)} "
-              f"batches per configuration")
+        print(f"== Model Runner {runner.upper()}: {n} tokens a request, {requests} image requests "
+              f"a batch, {len(pairs)} batches per configuration")
         for what, measure in measures:
             print(f"{what}: per batch, and against the bare batch of the same pair")
             for name in names:
@@ -278,6 +285,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=answer_lengths, default=[16, 128],
                     help="answer lengths, comma-separated (default 16,128)")
     ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--runner", choices=("v1", "v2"), default="v1",
+                    help="vLLM's model runner (default v1, vLLM CPU's own)")
     ap.add_argument("--cache-sim", action="store_true",
                     help="also simulate the caches and report the cycle estimate (about 2x slower)")
     ap.add_argument("--no-chrome", action="store_true", help="leave out every range on (chrome)")
@@ -298,17 +307,17 @@ def main() -> None:
     if args.child:
         return child(args)
     if args.report:
-        return report(read_dumps(args.report), args.requests, args.report)
+        return report(read_dumps(args.report), args.requests, args.report, args.runner)
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
         if any(Path(args.keep).glob("cg.out.*")):
             fail(f"{args.keep} already holds Callgrind dumps; name an empty folder")
         out_dir = args.keep
         run_child(args, out_dir)
-        return report(read_dumps(out_dir), args.requests, out_dir)
+        return report(read_dumps(out_dir), args.requests, out_dir, args.runner)
     with tempfile.TemporaryDirectory(prefix="mmscope-callgrind-") as out_dir:
         run_child(args, out_dir)
-        report(read_dumps(out_dir), args.requests, out_dir)
+        report(read_dumps(out_dir), args.requests, out_dir, args.runner)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""vLLM's environment for every test: offline, no usage reports.
+"""vLLM's environment for every test: offline, no usage reports, the model runner of the session
+(tests/kit/runners.py).
 
 The engine fixtures (the tiny model, a shared server) live in tests/engine/conftest.py.
 """
@@ -11,3 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
+
+from tests.kit import runners  # noqa: E402
+
+runners.select()

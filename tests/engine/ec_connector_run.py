@@ -16,10 +16,11 @@ def main():
     from vllm import SamplingParams
     from vllm.config import ECTransferConfig
 
+    work = EncoderWork()  # before the engine: a V2 runner wraps the model's method as it loads
     llm = offline_llm(model, ec_transfer_config=ECTransferConfig(
         ec_connector="ECExampleConnector", ec_role=role,
         ec_connector_extra_config={"shared_storage_path": shared}))
-    work = EncoderWork()
+    work.items = 0  # the engine's start ran the encoder on dummy inputs
     prompts = [prompt([image(int(s))], f"Question {n}?") for n, s in enumerate(seeds.split(","))]
     outs = llm.generate(prompts, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
                         use_tqdm=False)

@@ -1,5 +1,6 @@
 """EC connector: a producer engine writes encoder outputs through ECExampleConnector; a consumer
-engine counts them as connector hits and never runs its encoder."""
+engine counts them as connector hits and never runs its encoder. The consumer runs the session's
+model runner; the producer always V1 (under V2, vLLM's encoder-only instance fails in vLLM)."""
 from __future__ import annotations
 
 import json
@@ -10,16 +11,17 @@ import sys
 import pytest
 
 from mmscope import stages
-from tests.kit import traces as tk
+from tests.kit import runners, traces as tk
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.runners]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_role(role, model, shared, seeds, trace_dir):
     # Tracing on as well: the same runs show where the connector's ranges land.
-    env = dict(os.environ, MMSCOPE_TRACE="chrome", MMSCOPE_TRACE_DIR=str(trace_dir))
+    env = dict(os.environ, MMSCOPE_TRACE="chrome", MMSCOPE_TRACE_DIR=str(trace_dir),
+               **(runners.V1_ONLY if role == "ec_producer" else {}))
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "ec_connector_run.py"), role, model, str(shared),
          ",".join(map(str, seeds))],
@@ -64,5 +66,7 @@ def test_producer_then_consumer(tiny_model, tmp_path):
     assert not any(tk.within(s, v) for s in saves for v in vits)
     preprocess = tk.named(p_ranges, stages.PREPROCESS)
     assert all(tk.parent_of(s, preprocess + saves).name == stages.PREPROCESS for s in saves)
-    assert tk.named(c_ranges, stages.EC_LOAD)
+    loads = tk.named(c_ranges, stages.EC_LOAD)
+    c_preprocess = tk.named(c_ranges, stages.PREPROCESS)
+    assert loads and all(tk.parent_of(r, c_preprocess + loads) in c_preprocess for r in loads)
     assert not tk.named(c_ranges, stages.VIT_FORWARD) and not tk.named(c_ranges, stages.EC_SAVE)

@@ -8,7 +8,7 @@ import pytest
 
 from tests.kit.engine import EncoderWork, counters, image, offline_llm, prompt
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.runners]
 
 KEYS = ("encoder_cache_queries", "encoder_cache_hits", "encoder_cache_misses")
 
@@ -28,11 +28,12 @@ class ProbeLines(logging.Handler):
 def engine(tiny_model):
     import os
     os.environ["VLLM_MM_CACHE_PROBE"] = "1"
+    work = EncoderWork()  # before the engine: a V2 runner wraps the model's method as it loads
     llm = offline_llm(tiny_model)
+    work.items = 0  # the engine's start ran the encoder on dummy inputs
     # After vLLM's logging set-up, which resets the handlers of existing vllm.* loggers.
     probe = ProbeLines()
     logging.getLogger("vllm.mmscope").addHandler(probe)
-    work = EncoderWork()
     yield llm, work, probe
     work.close()
     logging.getLogger("vllm.mmscope").removeHandler(probe)

@@ -1,6 +1,8 @@
 """The encoder on its own instance (EPD): two OpenAI servers on loopback sharing one
 ECExampleConnector folder, an encoder producer and a prefill/decode consumer, each request routed
-as vLLM's disaggregated-encoder proxy routes it; exact counts and transfers on both."""
+as vLLM's disaggregated-encoder proxy routes it; exact counts and transfers on both. The PD
+instance runs the session's model runner, the encoder instance V1 (under V2, vLLM's encoder-only
+instance fails in vLLM itself)."""
 from __future__ import annotations
 
 import json
@@ -18,11 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from mmscope import stages
 from mmscope.demo.serve import VllmServer
 from mmscope.load.epd import primer_requests
-from tests.kit import traces as tk
+from tests.kit import runners, traces as tk
 from tests.kit.prometheus import Prometheus
 from tests.kit.server import data_url, histograms, metrics
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.runners]
 
 SETTLE_S = 10.0
 DASHBOARD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -47,7 +49,8 @@ def pair(tiny_model, tmp_path_factory):
         servers[name] = VllmServer(
             tiny_model, str(base / f"{name}.log"),
             extra_args=[*extra, "--ec-transfer-config", ec_config(role, shared)],
-            env={"MMSCOPE_TRACE": "chrome", "MMSCOPE_TRACE_DIR": str(base / f"{name}-traces")})
+            env={"MMSCOPE_TRACE": "chrome", "MMSCOPE_TRACE_DIR": str(base / f"{name}-traces"),
+                 **(runners.V1_ONLY if role == "ec_producer" else {})})
         servers[name].trace_dir = base / f"{name}-traces"
     errors = []
 

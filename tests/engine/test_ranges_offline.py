@@ -1,19 +1,29 @@
 """Stage ranges and step telemetry in the offline engine, read back from the Chrome trace file
-(MMSCOPE_TRACE=chrome): names, nesting under vLLM's own step ranges, counts, step_meta numbers."""
+(MMSCOPE_TRACE=chrome): names, nesting under the step's ranges, counts, step_meta numbers; under
+both model runners (V2 has no _prepare_mm_inputs, so no prepare stage)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from mmscope import stages
 from mmscope.emit import tracing
-from tests.kit import traces as tk
+from tests.kit import runners, traces as tk
 from tests.kit.engine import EncoderWork, image, offline_llm, prompt
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.runners]
+
+# The worker's stages under this session's runner: V2 has no counterpart of V1's prepare stage.
+SIBLINGS = tuple(s for s in stages.PREPROCESS_SIBLINGS
+                 if runners.current() == runners.V1 or s != stages.PREPARE_MM_INPUTS)
+EVERY_STEP = tuple(s for s in (stages.GATHER_MM_EMBEDDINGS, stages.EMBED_INPUT_IDS,
+                               stages.PREPARE_MM_INPUTS) if s in SIBLINGS)
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +33,9 @@ def traced(tiny_model, tmp_path_factory):
     from mmscope.vllm.instrumentor import get_instrumentor
     get_instrumentor().uninstrument()  # instrument() again now that tracing is on: as at the
     get_instrumentor().instrument()  # start of a process with MMSCOPE_TRACE=chrome
+    work = EncoderWork()  # before the engine: a V2 runner wraps the model's method as it loads
     llm = offline_llm(tiny_model)
-    work = EncoderWork()
+    work.items = 0  # the engine's start ran the encoder on dummy inputs
     lines: list[str] = []
     step_logger = logging.getLogger("vllm.mmscope")
     handler = logging.Handler()
@@ -79,8 +90,7 @@ def test_seed_tree_and_counts(traced):
     # Every catalogued child of preprocess sits directly in a preprocess range, and siblings
     # never overlap.
     children = [r for r in rs if r.name in stages.PREPROCESS_SIBLINGS]
-    assert {r.name for r in children} >= {stages.VIT_FORWARD, stages.GATHER_MM_EMBEDDINGS,
-                                          stages.EMBED_INPUT_IDS, stages.PREPARE_MM_INPUTS}
+    assert {r.name for r in children} == {stages.VIT_FORWARD, *EVERY_STEP}
     for c in children:
         assert tk.parent_of(c, preprocess + children).name == stages.PREPROCESS
     for p in preprocess:
@@ -142,15 +152,49 @@ def test_stage_histograms_hold_every_range_once_the_engine_is_idle(traced):
     generate(llm, [prompt([image(701)], "Counted?"), prompt([], "Text too")], max_tokens=6)
     rs = window(trace_dir, t0)
     after = stage_counts(llm)
-    names = (stages.VIT_FORWARD, stages.GATHER_MM_EMBEDDINGS, stages.EMBED_INPUT_IDS,
-             stages.PREPARE_MM_INPUTS, stages.hash_range("pil_image"),
+    names = (stages.VIT_FORWARD, *EVERY_STEP, stages.hash_range("pil_image"),
              stages.processor_range("apply_hf_processor"))
     seen = {name: after.get(name, 0) - before.get(name, 0) for name in names}
-    every_step = (stages.GATHER_MM_EMBEDDINGS, stages.EMBED_INPUT_IDS, stages.PREPARE_MM_INPUTS)
-    assert {n: v for n, v in seen.items() if n not in every_step} == \
-        {name: len(tk.named(rs, name)) for name in names if name not in every_step}
+    assert {n: v for n, v in seen.items() if n not in EVERY_STEP} == \
+        {name: len(tk.named(rs, name)) for name in names if name not in EVERY_STEP}
     assert seen[stages.VIT_FORWARD] == 1
     # Gathering, merging and preparing the inputs run every step, a range each, but give a
     # sample only in the step that had multimodal embeddings: the image request's prefill.
-    for name in every_step:
+    for name in EVERY_STEP:
         assert len(tk.named(rs, name)) >= 6 and seen[name] == 1
+    assert stages.PREPARE_MM_INPUTS in after or runners.current() == runners.V2
+
+
+def test_a_a_none_b_through_the_analyzer(traced, tmp_path):
+    """The issue's workload, one request at a time, on its own trace: the step's ranges in every
+    step, the encoder in exactly the two steps that ran it, every step_meta joined with its
+    forward by `mmscope analyze` and every check ok; the stage histograms as exact as the tree."""
+    llm, work, _, _ = traced
+    tracing.configure("chrome", str(tmp_path))
+    try:
+        before, items0 = stage_counts(llm), work.items
+        for request in ([image(801)], [image(801)], [], [image(802)]):
+            generate(llm, [prompt(request, "Which?") if request else prompt([], "None?")])
+        after = stage_counts(llm)
+        tracing.flush()
+    finally:
+        tracing.configure("chrome", str(traced[2]))
+    rs, _ = tk.load(tmp_path)
+    steps = [r for r in rs if r.name.startswith(stages.STEP_META_PREFIX)]
+    assert len(steps) == 4 * 3  # four requests of three tokens, one at a time
+    for name in (stages.PREPROCESS, stages.FORWARD, stages.GATHER_MM_EMBEDDINGS,
+                 stages.EMBED_INPUT_IDS):
+        assert len(tk.named(rs, name)) == len(steps), name
+    assert len(tk.named(rs, stages.VIT_FORWARD)) == 2 and work.items - items0 == 2
+    assert not tk.named(rs, stages.PREPARE_MM_INPUTS) or runners.current() == runners.V1
+    # Samples only where the step had multimodal work: two encoder batches, three prefills with
+    # an image (the repeat gathers the cached embeddings too).
+    seen = {name: after.get(name, 0) - before.get(name, 0) for name in SIBLINGS}
+    assert seen == {stages.VIT_FORWARD: 2, **{name: 3 for name in EVERY_STEP},
+                    stages.EC_LOAD: 0, stages.EC_SAVE: 0}
+    report = subprocess.run([sys.executable, "-m", "mmscope.cli", "analyze", "--json",
+                             "--no-cache", str(tmp_path)], capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    doc = json.loads(report.stdout)
+    assert all(c["ok"] for c in doc["checks"]), doc["checks"]
+    assert doc["steps"]["pairs"] == doc["steps"]["forwards"] == len(steps)

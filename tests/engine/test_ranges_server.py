@@ -1,5 +1,5 @@
 """Stage ranges across the OpenAI server's processes (API server, EngineCore, worker), and the
-per-stage duration histograms on /metrics."""
+per-stage duration histograms on /metrics, under both model runners."""
 from __future__ import annotations
 
 import time
@@ -9,10 +9,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mmscope import stages
-from tests.kit import traces as tk
+from mmscope.vllm.runners import LABEL
+from tests.kit import runners, traces as tk
 from tests.kit.server import chat
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.runners]
 
 # Images sent as data URLs reach the hasher with their original bytes (MediaWithBytes).
 HASHED = stages.hash_range("image_bytes")
@@ -71,6 +72,8 @@ def test_ranges_land_in_their_processes_and_threads(traced_server):
     assert len(metas) >= len(forwards) > 0
     # The renderer hashes on its own thread, not on the event loop.
     assert {threads.get((r.pid, r.tid)) for r in hashes} != {"MainThread"}
+    # The worker names its runner once, at start.
+    assert srv.log_text().count(f"mmscope: this worker runs {LABEL[runners.current()]} ") == 1
 
     # The same boundaries feed /metrics: 3 items hashed, the encoder ran in one step.
     hist = wait_for(lambda: (h := stage_counts(srv.url)).get(stages.VIT_FORWARD, 0)

@@ -12,7 +12,7 @@ import pytest
 from mmscope import stages
 from tests.kit import server as ks
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.runners]
 
 PARTS, TOTAL, STAGE = ("request_ttft_part_seconds", "request_mm_time_to_first_token_seconds",
                        "mm_stage_duration_seconds")

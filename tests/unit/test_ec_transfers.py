@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mmscope import stages
 from mmscope.emit.stage_timer import WORKER
 from mmscope.expose.metrics import DIRECTIONS, EncoderCacheProm
-from mmscope.vllm import worker
+from mmscope.vllm import patching, worker_stages
 from mmscope.vllm.ec_connector import TRANSFERS
 from mmscope.vllm.patching import Hook
 
@@ -43,7 +43,7 @@ def connector():
     from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
 
     hook = Hook("test.ec_transfers", f"{__name__}:Factory.create_connector",
-                ("cls", "config", "role"), worker.connector_created, "ranges", "worker")
+                ("cls", "config", "role"), worker_stages.connector_created, "ranges", "worker")
     hook.apply()
     try:
         made = Factory.create_connector({}, ECConnectorRole.WORKER)
@@ -51,7 +51,7 @@ def connector():
         hook.revert()
     TRANSFERS.drain(), WORKER.drain()
     yield made
-    worker.unwrap_instances()
+    patching.unwrap_instances()
     TRANSFERS.drain(), WORKER.drain()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mmscope.carry.ledger import Decision
-from mmscope.vllm import scheduler, targets
+from mmscope.vllm import engine_state, targets
 from mmscope.vllm.patching import APPLIED
 
 HOOKS = ("encoder_cache.local_hit", "encoder_cache.deferral", "encoder_cache.free")
@@ -41,7 +41,7 @@ def manager(cache_size=64):
 
 
 def proposed(mgr) -> dict:
-    return {(rid, i): d for rid, looked in scheduler.state_of(mgr).ledger.proposals.items()
+    return {(rid, i): d for rid, looked in engine_state.state_of(mgr).ledger.proposals.items()
             for i, (_, d) in looked.items()}
 
 
@@ -53,7 +53,7 @@ def test_a_resident_item_is_proposed_as_a_local_hit_and_an_absent_one_not_at_all
     mgr.allocate(a, 0)
     assert mgr.check_and_update_cache(b, 0) is True
     assert proposed(mgr) == {("b", 0): Decision.LOCAL_HIT}
-    item = scheduler.state_of(mgr).ledger.proposals["b"][0][0]
+    item = engine_state.state_of(mgr).ledger.proposals["b"][0][0]
     assert (item.request_id, item.index, item.modality, item.key, item.embeds) == (
         "b", 0, "image", "k0", 8)
 
@@ -66,7 +66,7 @@ def test_no_room_or_budget_is_proposed_as_a_deferral():
     mgr.allocate(b, 0)
     assert mgr.can_allocate(a, 0, 64, 0) is False  # the cache is full of b's entry
     assert proposed(mgr) == {("a", 0): Decision.DEFERRED}
-    ledger = scheduler.state_of(mgr).ledger
+    ledger = engine_state.state_of(mgr).ledger
     ledger.commit_step({}, {})
     s = ledger.drain()
     assert (s.deferrals, s.queries) == (1, 0)
@@ -74,11 +74,11 @@ def test_no_room_or_budget_is_proposed_as_a_deferral():
 
 def test_freeing_a_request_lets_it_commit_its_items_again():
     mgr, a = manager(), request("a", "k0", "k1")
-    ledger = scheduler.state_of(mgr).ledger
+    ledger = engine_state.state_of(mgr).ledger
     for _ in range(2):
         assert mgr.can_allocate(a, 0, 64, 0) is True
         mgr.allocate(a, 0)
-        ledger.propose(scheduler._item(a, 0), Decision.COMPUTE)  # what the allocation hook does
+        ledger.propose(engine_state.item_of(a, 0), Decision.COMPUTE)  # what the allocation hook does
         ledger.commit_step({"a"}, {"a": [0]})
         mgr.free(a)  # preempted: its entries released
         assert mgr.get_cached_input_ids(a) == set()
@@ -90,10 +90,10 @@ def test_each_manager_has_its_own_ledger_kept_weakly():
     import gc
 
     first, second = manager(), manager()
-    assert scheduler.state_of(first) is scheduler.state_of(first)
-    assert scheduler.state_of(first).ledger is not scheduler.state_of(second).ledger
+    assert engine_state.state_of(first) is engine_state.state_of(first)
+    assert engine_state.state_of(first).ledger is not engine_state.state_of(second).ledger
     assert not any(name.startswith("_mmscope") for name in vars(first))  # nothing added to vLLM's
-    count = len(scheduler._states)
+    count = len(engine_state._states)
     del first
     gc.collect()
-    assert len(scheduler._states) == count - 1
+    assert len(engine_state._states) == count - 1

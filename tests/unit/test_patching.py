@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 
@@ -209,19 +210,55 @@ def test_a_retired_hook_puts_the_original_back_without_a_word(caplog):
     h.revert()
 
 
+def doctor(*args, **env):
+    out = subprocess.run([sys.executable, "-m", "mmscope.cli", "doctor", *args],
+                         capture_output=True, text=True, env={**os.environ, **env})
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
 def test_doctor_checks_every_hook_against_the_installed_vllm():
     """`mmscope doctor` imports vLLM but starts no engine: every hook's target is there, with
-    the parameters its wrapper reads."""
-    out = subprocess.run([sys.executable, "-m", "mmscope.cli", "doctor", "--json"],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
-    data = json.loads(out.stdout)
+    the parameters its wrapper reads; the tracing-only ones too, as the releases' check counts."""
+    data = json.loads(doctor("--json"))
     assert data["vllm_version"].startswith("0.32") and data["version_supported"]
     assert data["entry_point"]
     assert {h["name"]: h["status"] for h in data["hooks"]} == {
         h["name"]: "ok" for h in data["hooks"]}
-    from mmscope.vllm import targets
-    assert [h["name"] for h in data["hooks"]] == [h.name for h in targets.all_hooks()]
+    from mmscope.vllm import release_check
+    assert [h["name"] for h in data["hooks"]] == [h.name for h in release_check.hooks()]
+
+
+@pytest.mark.parametrize("forced, runner, other", [("0", "v1", "v2"), ("1", "v2", "v1")])
+def test_doctor_names_the_model_runner_and_which_hooks_apply_to_it(forced, runner, other):
+    """What vLLM picks here (VLLM_USE_V2_MODEL_RUNNER decides before Triton does); the other
+    runner's hooks are reported as not applying, never as ok, and the summary counts the hooks
+    the releases' check counts."""
+    data = json.loads(doctor("--json", VLLM_USE_V2_MODEL_RUNNER=forced))
+    assert data["runner"] == {"expected": runner, "why": f"VLLM_USE_V2_MODEL_RUNNER={forced}"}
+    applies = {h["name"]: h["applies"] for h in data["hooks"]}
+    assert applies["ranges.vit_forward"] is (runner == "v1")
+    assert applies["ranges.vit_forward.v2"] is (runner == "v2")
+    assert applies["scheduler.commit"] and applies["ranges.ec_connector"]
+    assert {h["runner"] for h in data["hooks"] if not h["applies"]} == {other}
+    text = doctor(VLLM_USE_V2_MODEL_RUNNER=forced, COLUMNS="200")
+    label = "Model Runner " + runner.upper()
+    assert f"model runner here: {label} (VLLM_USE_V2_MODEL_RUNNER={forced})" in text
+    n, mine = len(data["hooks"]), sum(applies.values())
+    assert (f"{n} of {n} hook targets present in the installed vLLM; {mine} of the {mine} hooks "
+            f"that apply to {label} ok; {n - mine} are the other runner's, not used here") in text
+    assert f"ok: all {n} hook targets present" in text or "not checked" in text
+    assert text.count("present; not this runner") == n - mine
+
+
+def test_doctor_without_the_switch_names_vllms_own_choice():
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"}
+    out = subprocess.run([sys.executable, "-m", "mmscope.cli", "doctor", "--json"],
+                         capture_output=True, text=True, env=env)
+    runner = json.loads(out.stdout)["runner"]
+    from vllm.triton_utils.importing import HAS_TRITON
+    assert runner["expected"] == ("v2" if HAS_TRITON else "v1")
+    assert "Triton" in runner["why"]
 
 
 def test_every_hook_and_vllm_scope_hook_checks_ok_in_process():

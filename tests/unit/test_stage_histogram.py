@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from mmscope.emit.stage_timer import WORKER
 from mmscope.expose.metrics import STAGE_BUCKETS, STAGE_HISTOGRAM, EncoderCacheProm
-from mmscope.vllm import worker
+from mmscope.vllm import runner_output
 from mmscope.vllm.patching import Hook
-from mmscope.vllm.scheduler import SENT_DURATIONS
+from mmscope.vllm.runner_output import SENT_DURATIONS
 
 STAGE = "gpu_model_runner: vit_forward"
 
@@ -75,9 +75,27 @@ def test_stages_go_to_their_engine_and_unknown_engines_are_ignored():
     assert counts == {f'engine="1",model_name="tiny",stage="{STAGE}"': 1.0}
 
 
-class FakeRunner:  # a model runner stand-in: execute_model returns an object with a __dict__
+def _step_output():
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    return ModelRunnerOutput(req_ids=["r"], req_id_to_index={"r": 0})
+
+
+class FakeRunner:  # a model runner stand-in returning vLLM's own output types
     def execute_model(self, scheduler_output):
-        return scheduler_output if scheduler_output is not None else type("Output", (), {})()
+        return scheduler_output if scheduler_output is not None else _step_output()
+
+    def sample_tokens(self, grammar_output):
+        """What a GPU runner returns: an async output, a ModelRunnerOutput once its copy is done."""
+        from vllm.v1.outputs import AsyncModelRunnerOutput
+
+        class Pending(AsyncModelRunnerOutput):
+            def __init__(self):
+                self.output = _step_output()
+
+            def get_output(self):
+                return self.output
+        return Pending()
 
 
 ORIGINAL_EXECUTE = FakeRunner.__dict__["execute_model"]
@@ -86,7 +104,7 @@ ORIGINAL_EXECUTE = FakeRunner.__dict__["execute_model"]
 @pytest.fixture
 def sending_hook():
     hook = Hook("stage_metrics.test", f"{__name__}:FakeRunner.execute_model",
-                ("self", "scheduler_output"), worker.durations_sent("stage_metrics.test"),
+                ("self", "scheduler_output"), runner_output.carried("stage_metrics.test"),
                 "metrics", "worker")
     saved = WORKER.collected_in_process
     WORKER.drain()
@@ -112,6 +130,21 @@ def test_worker_durations_ride_on_the_output_only_to_a_scheduler_in_another_proc
     # ... and the hook has nothing left to do here: vLLM's method is back, at no cost
     assert FakeRunner.__dict__["execute_model"] is ORIGINAL_EXECUTE
     assert sending_hook.describe().startswith("retired: the scheduler shares this process")
+
+
+def test_an_async_output_carries_them_once_it_is_a_model_runner_output(sending_hook):
+    """sample_tokens of a GPU runner returns an async output: the durations wait for its
+    get_output(), after the step's device work, and ride on the ModelRunnerOutput it makes."""
+    import wrapt
+
+    WORKER.collected_in_process = False
+    wrapper = runner_output.carried("stage_metrics.test")
+    WORKER.record("gpu_model_runner: vit_forward", 4_000)
+    pending = wrapt.FunctionWrapper(FakeRunner().sample_tokens, wrapper)(None)
+    assert vars(pending).keys() == {"output"} and WORKER.pending
+    out = wrapt.FunctionWrapper(pending.get_output, wrapper)()
+    assert getattr(out, SENT_DURATIONS) == {"gpu_model_runner: vit_forward": [4_000]}
+    assert not WORKER.pending
 
 
 def test_vllms_shared_empty_output_is_never_written_to(sending_hook):

@@ -12,7 +12,7 @@ import wrapt
 from mmscope import stages
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import FRONTEND, MAX_PER_STAGE, WORKER
-from mmscope.vllm import targets, worker
+from mmscope.vllm import patching, targets, worker_stages
 from mmscope.vllm.patching import APPLIED, Hook
 from tests.kit import traces as tk
 
@@ -180,7 +180,7 @@ class Runner:
 
 def timed_hook() -> Hook:
     return Hook("test.gather", f"{__name__}:Runner._gather_mm_embeddings",
-                ("self", "scheduler_output"), worker.gather_mm_embeddings, "ranges", "worker")
+                ("self", "scheduler_output"), worker_stages.gather_mm_embeddings, "ranges", "worker")
 
 
 @pytest.mark.parametrize("tracing_on", [False, True])
@@ -225,9 +225,9 @@ def test_preparing_the_inputs_gives_a_sample_only_in_a_step_that_gathered_embedd
     """vLLM's _preprocess gathers, then prepares the inputs, every step: a decode step's prepare
     is no multimodal work, so only a step whose gather found embeddings gives its sample."""
     hooks = [Hook("test.gather", f"{__name__}:Preprocessing._gather_mm_embeddings",
-                  ("self", "scheduler_output"), worker.gather_mm_embeddings, "ranges", "worker"),
+                  ("self", "scheduler_output"), worker_stages.gather_mm_embeddings, "ranges", "worker"),
              Hook("test.prepare", f"{__name__}:Preprocessing._prepare_mm_inputs",
-                  ("self", "num_tokens"), worker.prepare_mm_inputs, "ranges", "worker")]
+                  ("self", "num_tokens"), worker_stages.prepare_mm_inputs, "ranges", "worker")]
     for hook in hooks:
         hook.apply()
     try:
@@ -276,9 +276,9 @@ def test_instance_methods_are_unwrapped_and_wrapped_again_by_uninstrument_and_in
     from mmscope.vllm.instrumentor import VllmInstrumentor
 
     model = Model()
-    timed_embed = worker.timed(stages.EMBED_INPUT_IDS)
-    worker.wrap_instance(model, "embed_input_ids", timed_embed)
-    worker.wrap_instance(model, "embed_input_ids", timed_embed)  # once only
+    timed_embed = worker_stages.timed(stages.EMBED_INPUT_IDS)
+    patching.wrap_instance(model, "embed_input_ids", timed_embed)
+    patching.wrap_instance(model, "embed_input_ids", timed_embed)  # once only
     assert model.embed_input_ids([1, 2]) == [2, 4]
     assert counts(WORKER) == {stages.EMBED_INPUT_IDS: 1}
     instrumentor = VllmInstrumentor()
@@ -302,7 +302,7 @@ class LoadingRunner:
 
 def test_the_model_loaded_hook_wraps_the_models_embed_input_ids():
     hook = Hook("test.load_model", f"{__name__}:LoadingRunner.load_model", ("self",),
-                worker.model_loaded("test.load_model"), "ranges", "worker")
+                worker_stages.model_loaded("test.load_model"), "ranges", "worker")
     hook.apply()
     try:
         runner = LoadingRunner()
@@ -315,14 +315,14 @@ def test_the_model_loaded_hook_wraps_the_models_embed_input_ids():
         assert not WORKER.pending
     finally:
         hook.revert()
-        worker.unwrap_instances()
+        patching.unwrap_instances()
 
 
 def test_a_failing_record_turns_the_stage_hook_off_and_vllm_goes_on(caplog):
     """Our bug inside a stage timer (here: a collector whose bucket is no list) costs the stage
     its hook, after one warning; vLLM's result, and vLLM's own error, stay vLLM's."""
     hook = Hook("ranges.gather_mm_embeddings", f"{__name__}:Runner._gather_mm_embeddings",
-                ("self", "scheduler_output"), worker.gather_mm_embeddings, "ranges", "worker")
+                ("self", "scheduler_output"), worker_stages.gather_mm_embeddings, "ranges", "worker")
     original = Runner.__dict__["_gather_mm_embeddings"]
     hook.apply()
     WORKER.durations[stages.GATHER_MM_EMBEDDINGS] = "not a list"  # our bug, not vLLM's
@@ -364,7 +364,7 @@ def test_the_worker_side_ec_connector_gets_its_load_and_save_ranges(producer, co
     from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
 
     hook = Hook("test.ec_connector", f"{__name__}:ConnectorFactory.create_connector",
-                ("cls", "config", "role"), worker.connector_created, "ranges", "worker")
+                ("cls", "config", "role"), worker_stages.connector_created, "ranges", "worker")
     hook.apply()
     try:
         scheduler_side = ConnectorFactory.create_connector((True, True), ECConnectorRole.SCHEDULER)
@@ -381,7 +381,7 @@ def test_the_worker_side_ec_connector_gets_its_load_and_save_ranges(producer, co
     if producer:
         expected[stages.EC_SAVE] = 1
     assert counts(WORKER) == expected  # the scheduler's connector moves no data: no range
-    worker.unwrap_instances()
+    patching.unwrap_instances()
     connector.start_load_caches({})
     connector.save_caches({}, "h2")
     assert not WORKER.pending

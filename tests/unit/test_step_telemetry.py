@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mmscope import stages
 from mmscope.emit import step_shape, tracing
 from mmscope.log import logger as mmscope_logger
-from mmscope.vllm import worker
+from mmscope.vllm import step_telemetry
 from mmscope.vllm.patching import Hook
 from tests.kit import traces as tk
 
@@ -65,7 +65,7 @@ def step(telemetry, batch_runner, scheduled):
     """What inputs_prepared does for one step."""
     level = telemetry.next_step()
     if level is not None:
-        telemetry.emit(worker.batch_shape(batch_runner, scheduled), level)
+        telemetry.emit(step_telemetry.batch_shape(batch_runner, scheduled), level)
 
 
 @pytest.fixture(autouse=True)
@@ -178,12 +178,12 @@ class ModelRunner:  # GPUModelRunner._prepare_inputs' signature
 
 def test_the_step_shape_hook_logs_on_mmscopes_logger_and_keeps_the_result(caplog):
     hook = Hook("test.step_shape", f"{__name__}:ModelRunner._prepare_inputs",
-                ("self", "scheduler_output", "num_scheduled_tokens"), worker.inputs_prepared,
+                ("self", "scheduler_output", "num_scheduled_tokens"), step_telemetry.inputs_prepared,
                 "telemetry", "worker")
     model_runner = ModelRunner([(0, 6), (9, 9)])
     hook.apply()
     try:
-        first = worker._telemetry().step + 1  # one counter per process
+        first = step_telemetry._telemetry().step + 1  # one counter per process
         with caplog.at_level(logging.DEBUG, logger=mmscope_logger.name):
             assert model_runner._prepare_inputs("out", np.array([6, 1], np.int32)) == (
                 "prepared", "out")

@@ -81,11 +81,10 @@ class EncoderCacheLedger:
     """Turns tentative per-item decisions into committed counts, once per (request, item)."""
 
     def __init__(self, probe: ProbeSink | None = None):
-        self.probe = probe
-        self.access_log = None  # an access_log.AccessLogWriter, set by the engine adapter
+        self.probe = probe  # where committed decisions go: probe lines, the access log
         self._stats = EncoderCacheStats()
         # request id -> item index -> (item, decision): this step's tentative decisions. One dict
-        # for the ledger's life: the engine adapter's commit guard tests its truth in place.
+        # for the ledger's life: the scheduler's commit guard tests its truth in place.
         self._proposals: dict[str, dict[int, tuple[Item, Decision]]] = {}
         self._committed: dict[str, set[int]] = defaultdict(set)
         self._keys_allocated_this_step: set[str] = set()

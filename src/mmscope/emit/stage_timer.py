@@ -1,17 +1,71 @@
 """Stage durations without a profiler: `timed_stage(name, collector)` is a span that also records
-its host wall time into a per-process collector, drained into Prometheus histograms.
+the stage's duration into a per-process collector, drained into Prometheus histograms.
 
 Two collectors, because in an in-process engine the API server and the worker share one process.
+A collector's clock says what a duration is: host wall time, or device time read from events.
 """
 from __future__ import annotations
 
 import os
 import time
+from collections import deque
 
 from mmscope.emit import tracing
 
 # A bound on memory between drains; beyond it durations are dropped (and counted).
 MAX_PER_STAGE = 20_000
+
+
+class HostClock:
+    """Host wall time, recorded at once: the API server's stages, and a worker's on a CPU,
+    where the stage's work is done when its call returns."""
+
+    def start(self) -> int:
+        return time.perf_counter_ns()
+
+    def stop(self, collector: "StageCollector", stage: str, started: int) -> None:
+        collector.record(stage, time.perf_counter_ns() - started)
+
+    pending = False
+
+    def resolve(self, collector: "StageCollector") -> None:
+        pass
+
+
+class DeviceEventClock:
+    """A worker's stages on an accelerator, whose kernels run after the call that queues them
+    returns: an event recorded on the current stream before and after the stage, the duration
+    read back once the later event has completed (`query()`), never by waiting for it. Each
+    drain reads what has completed; the rest waits for the next one.
+
+    `make_event()` returns an event with `record()`, `query()` and `elapsed_time(other)` in ms:
+    `torch.Event(device=..., enable_timing=True)` on a GPU."""
+
+    def __init__(self, make_event):
+        self.make_event = make_event
+        self.queued: deque = deque()  # (stage, start event, end event), in the order recorded
+
+    def start(self):
+        event = self.make_event()
+        event.record()
+        return event
+
+    def stop(self, collector: "StageCollector", stage: str, started) -> None:
+        end = self.make_event()
+        end.record()
+        self.queued.append((stage, started, end))
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.queued)
+
+    def resolve(self, collector: "StageCollector") -> None:
+        # Events complete in the order their stream ran them: the first incomplete one stops
+        # the read (a stage on another stream waits at most one drain longer).
+        queued = self.queued
+        while queued and queued[0][2].query():
+            stage, started, end = queued.popleft()
+            collector.record(stage, round(started.elapsed_time(end) * 1e6))
 
 
 class StageCollector:
@@ -22,6 +76,12 @@ class StageCollector:
         # stage -> ns since the last take_step(): what one engine step spent in each stage, for
         # the requests' shares of it (carry/ttft.py); a few keys, never more.
         self.step_ns: dict[str, int] = {}
+        self.clock: HostClock | DeviceEventClock = HostClock()
+
+    def use_device_events(self, make_event) -> None:
+        """The stages of this process run on an accelerator: time them with its events."""
+        if not isinstance(self.clock, DeviceEventClock):
+            self.clock = DeviceEventClock(make_event)
 
     def record(self, stage: str, duration_ns: int) -> None:
         bucket = self.durations.get(stage)
@@ -34,14 +94,16 @@ class StageCollector:
         self.step_ns[stage] = self.step_ns.get(stage, 0) + duration_ns
 
     def take_step(self) -> dict[str, int]:
+        self.clock.resolve(self)
         step, self.step_ns = self.step_ns, {}
         return step
 
     @property
     def pending(self) -> bool:
-        return bool(self.durations)
+        return bool(self.durations) or self.clock.pending
 
     def drain(self) -> dict[str, list[int]]:
+        self.clock.resolve(self)
         # A copy, then clear(): each is one step under the GIL, so a duration appended between
         # the two lands in a list that is in the copy, not lost.
         drained = self.durations.copy()
@@ -69,7 +131,7 @@ class timed_stage:
     def __enter__(self):
         if self._span is not None:
             self._span.__enter__()
-        self._t0 = time.perf_counter_ns()
+        self._t0 = self.collector.clock.start()
         if self.inner is None:
             return None
         try:
@@ -85,11 +147,10 @@ class timed_stage:
             self._close(exc_type, exc, tb)
 
     def _close(self, exc_type, exc, tb):
-        elapsed = time.perf_counter_ns() - self._t0
+        if ENABLED:
+            self.collector.clock.stop(self.collector, self.name, self._t0)
         if self._span is not None:
             self._span.__exit__(exc_type, exc, tb)
-        if ENABLED:
-            self.collector.record(self.name, elapsed)
 
 
 def merge(into: dict[str, list[int]], more: dict[str, list[int]] | None) -> dict[str, list[int]]:

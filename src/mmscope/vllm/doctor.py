@@ -1,5 +1,6 @@
-"""`mmscope doctor`: every hook checked against the installed vLLM, without starting an engine,
-and the releases mmscope is tested on or checked against (their sources, read from their wheels).
+"""`mmscope doctor`: every hook checked against the installed vLLM, without starting an engine, the
+model runner vLLM picks here and which hooks apply to it, and the releases mmscope is tested on
+or checked against (their sources, read from their wheels).
 
 Exit status 1 when a required hook's target is missing in the installed vLLM or has another
 signature; a release checked against its sources reports its result without changing the status.
@@ -28,26 +29,42 @@ def report() -> dict:
     from mmscope.errors import UserError
 
     try:
+        from mmscope.vllm import runners
         from mmscope.vllm.instrumentor import VllmInstrumentor
         instrumentor = VllmInstrumentor()
         version = instrumentor.vllm_version()
+        runner, why = runners.expected()
     except ImportError as e:
         raise UserError(f"vLLM is not importable here ({e}); install mmscope[vllm]") from None
+    tracing_only = {h.name for h in instrumentor.scope_hooks}
     hooks = []
-    for hook in instrumentor.hooks:
+    for hook in instrumentor.all_hooks():
         ok, detail = hook.check()
         hooks.append({"name": hook.name, "target": hook.path, "feature": hook.feature,
                       "process": hook.process, "required": hook.required,
+                      "runner": hook.runner, "applies": runners.applies(hook, runner),
+                      "while_tracing": hook.name in tracing_only,
                       "status": "ok" if ok else hook.status, "detail": detail})
     return {"vllm_version": version, "supported": instrumentor.supported,
             "version_supported": instrumentor.version_supported(),
             "standing": release_check.standing(version),
-            "entry_point": _entry_point_registered(), "hooks": hooks,
+            "entry_point": _entry_point_registered(),
+            "runner": {"expected": runner, "why": why}, "hooks": hooks,
             "releases": release_check.releases_report(),
             "torchvision": environment.torchvision_status()}
 
 
+def _status(h: dict) -> str:
+    if h["status"] != "ok":
+        return f"[red]{h['status']}[/red] {h['detail']}"
+    if not h["applies"]:
+        return "[yellow]present; not this runner[/yellow]"
+    return "[green]ok[/green]" + (" (while tracing)" if h["while_tracing"] else "")
+
+
 def run(args) -> int:
+    from mmscope.vllm.runners import LABEL
+
     data = report()
     failed = [h for h in data["hooks"] if h["required"] and h["status"] != "ok"]
     if args.json:
@@ -66,17 +83,31 @@ def run(args) -> int:
     console.print(f"vLLM {data['vllm_version']}: {support}")
     console.print("entry point vllm.general_plugins -> mmscope: "
                   + ("registered" if data["entry_point"] else "[red]missing[/red] (reinstall mmscope)"))
-    table = Table("hook", "feature", "process", "target", "status")
+    runner = LABEL[data["runner"]["expected"]]
+    console.print(f"model runner here: {runner} ({data['runner']['why']})", highlight=False)
+    table = Table("hook", "feature", "process", "runner", "target", "status")
     for column in table.columns:
         column.overflow = "fold"  # never cut a target name: it is what the user will look up
     for h in data["hooks"]:
-        status = "[green]ok[/green]" if h["status"] == "ok" else f"[red]{h['status']}[/red] {h['detail']}"
-        table.add_row(h["name"], h["feature"], h["process"], h["target"].split(":")[-1], status)
+        table.add_row(h["name"], h["feature"], h["process"],
+                      LABEL[h["runner"]].removeprefix("Model Runner ") if h["runner"] else "",
+                      h["target"].split(":")[-1], _status(h))
     console.print(table)
-    console.print(f"{len(data['hooks']) - len(failed)}/{len(data['hooks'])} hooks ok")
+    console.print(_summary(data["hooks"], runner), highlight=False)
     console.print(_releases_table(data["releases"]))
     console.print(data["torchvision"], highlight=False)
     return 1 if failed or not data["entry_point"] else 0
+
+
+def _summary(hooks: list[dict], runner_label: str) -> str:
+    """One line that counts the same hooks as the releases' check."""
+    present = sum(h["status"] == "ok" for h in hooks)
+    applying = [h for h in hooks if h["applies"]]
+    ok = sum(h["status"] == "ok" for h in applying)
+    others = len(hooks) - len(applying)
+    return (f"{present} of {len(hooks)} hook targets present in the installed vLLM; "
+            f"{ok} of the {len(applying)} hooks that apply to {runner_label} ok; "
+            f"{others} are the other runner's, not used here")
 
 
 def _releases_table(releases: list[dict]):

@@ -1,5 +1,5 @@
 """The worker-side EC connector's load and save: timed as stages (docs/design.md §3) and counted as
-transfers (items, bytes, seconds by direction), carried to EngineCore like the stage durations.
+transfers (items, bytes, host seconds by direction), carried to EngineCore like the stage durations.
 """
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from mmscope.expose.metrics import DIRECTIONS
 from mmscope.vllm.patching import failed
 
 HOOK = "ranges.ec_connector"
-# The attribute a worker in another process sets on its ModelRunnerOutput, as SENT_DURATIONS.
-SENT_TRANSFERS = "_mmscope_ec_transfers"
 
 
 class TransferCounts:
@@ -52,14 +50,17 @@ def _cache_arg(args, kwargs) -> dict:
 def _transfer(stage: str, direction: str, call):
     """A wrapper that runs `call(wrapped, args, kwargs) -> (result, items, bytes)` as one timed
     stage (a span too while tracing) and counts what it moved; a call that moved nothing is a
-    stage sample only, so that seconds per item is the cost of a transfer."""
+    stage sample only, so that seconds per item is the cost of a transfer. The stage sample is
+    read from the worker's clock (device time on an accelerator); a transfer's seconds are the
+    call's host wall time, which holds the connector's file or network I/O."""
     def _timed(wrapped, args, kwargs):
+        started = WORKER.clock.start() if ENABLED else None
         t0 = time.perf_counter_ns()
         result, moved = call(wrapped, args, kwargs)
         elapsed = time.perf_counter_ns() - t0
         try:
             if ENABLED:
-                WORKER.record(stage, elapsed)
+                WORKER.clock.stop(WORKER, stage, started)
             items, nbytes = moved()
             if items:
                 TRANSFERS.add(direction, items, nbytes, elapsed)
@@ -100,9 +101,3 @@ def _save(wrapped, args, kwargs):
 load_wrapper = _transfer(stages.EC_LOAD, DIRECTIONS[0], _load)
 save_wrapper = _transfer(stages.EC_SAVE, DIRECTIONS[1], _save)
 
-
-def received(model_runner_output) -> None:
-    """EngineCore: the counts a worker process hung on its output join this process's."""
-    sent = getattr(model_runner_output, SENT_TRANSFERS, None)
-    if sent:
-        TRANSFERS.merge(sent)

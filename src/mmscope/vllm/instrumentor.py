@@ -9,7 +9,7 @@ import os
 from mmscope.carry import ttft
 from mmscope.emit import tracing
 from mmscope.log import logger
-from mmscope.vllm import schema, stat_loggers, targets, worker
+from mmscope.vllm import patching, schema, stat_loggers, targets
 
 ENV_VARS = {
     "VLLM_MM_CACHE_PROBE": "1: log one mm_cache_probe HIT/MISS/DEFERRED line per encoder input",
@@ -65,19 +65,23 @@ class VllmInstrumentor:
                 continue
             hook.apply()
         stat_loggers.install_log_filter()
-        worker.rewrap_instances()
+        patching.rewrap_instances()
         self.instrumented = True
         return self.status()
 
     def uninstrument(self) -> None:
         for hook in reversed(self.hooks + self.scope_hooks):
             hook.revert()
-        worker.unwrap_instances()
+        patching.unwrap_instances()
         stat_loggers.remove_log_filter()
         self.instrumented = False
 
     def status(self) -> dict[str, str]:
         return {h.name: h.describe() for h in self.hooks}
+
+    def all_hooks(self) -> list:
+        """Every row, the tracing-only ones included."""
+        return self.hooks + self.scope_hooks
 
 
 def skipped_hooks() -> tuple[str, ...]:

@@ -2,11 +2,13 @@
 
 A `Hook` names one target attribute and one wrapt wrapper; it checks the target, wraps it once and
 unwraps it; the first exception of mmscope's own code in it unwraps it for good, with one warning.
+Methods that differ by class (the model's, the EC connector's) are wrapped on their instances.
 """
 from __future__ import annotations
 
 import importlib
 import inspect
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -25,7 +27,8 @@ _hooks: dict[str, "Hook"] = {}
 class Hook:
     """One wrapped attribute of vLLM. `path` is "module:Class.attr"; `params` the leading
     parameter names the wrapper reads (checked before wrapping); `wrapper` a wrapt wrapper,
-    `wrapper(wrapped, instance, args, kwargs)`."""
+    `wrapper(wrapped, instance, args, kwargs)`; `runner` the model runner whose code it wraps
+    ("v1", "v2"), None for every other component."""
 
     name: str
     path: str
@@ -34,6 +37,7 @@ class Hook:
     feature: str
     process: str
     required: bool = True
+    runner: str | None = None
     status: str = field(default=NOT_APPLIED, init=False)
     detail: str = field(default="", init=False)
 
@@ -108,3 +112,30 @@ def failed(name: str, exc: BaseException) -> None:
     hook.detail = f"after error: {type(exc).__name__}: {exc}"
     logger.warning("mmscope: hook %s raised %s: %s; it is now off and vLLM continues without it",
                    name, type(exc).__name__, exc)
+
+
+# --- methods wrapped on their instances, once those exist ---------------------------------------
+# uninstrument() unwraps them and instrument() wraps them again.
+_instance_wraps: list[tuple] = []  # (weak reference, attribute, wrapt wrapper)
+
+
+def wrap_instance(obj, attr: str, wrapper) -> None:
+    if isinstance(getattr(obj, attr, None), wrapt.FunctionWrapper):
+        return
+    wrapt.wrap_function_wrapper(obj, attr, wrapper)
+    if not any(ref() is obj and a == attr for ref, a, *_ in _instance_wraps):
+        _instance_wraps.append((weakref.ref(obj), attr, wrapper))
+
+
+def unwrap_instances() -> None:
+    for ref, attr, *_ in _instance_wraps:
+        obj = ref()
+        method = getattr(obj, attr, None) if obj is not None else None
+        if isinstance(method, wrapt.FunctionWrapper):
+            delattr(obj, attr)  # the instance attribute was ours: the class's method shows again
+
+
+def rewrap_instances() -> None:
+    _instance_wraps[:] = [w for w in _instance_wraps if w[0]() is not None]
+    for ref, attr, wrapper in list(_instance_wraps):
+        wrap_instance(ref(), attr, wrapper)

@@ -9,7 +9,7 @@ import time
 from mmscope.carry import ttft
 from mmscope.log import logger
 from mmscope.vllm.patching import failed
-from mmscope.vllm.scheduler import probe_enabled
+from mmscope.vllm.engine_state import probe_enabled
 
 JOIN = ttft.TtftJoin()
 # The TTFT histograms of the newest PrometheusStatLogger (stat_loggers.py sets them): vLLM's

@@ -1,0 +1,71 @@
+"""EngineCore: the ledger's counts, the worker's stage durations, the EC transfers and the requests'
+TTFT shares handed to the step's SchedulerStats, which vLLM carries to the API server."""
+from __future__ import annotations
+
+import time
+
+from mmscope.emit.stage_timer import WORKER, merge
+from mmscope.vllm import runner_output, step_shares
+from mmscope.vllm.ec_connector import TRANSFERS
+from mmscope.vllm.engine_state import EngineState, existing, state_of
+from mmscope.vllm.patching import failed
+
+# While the engine is busy, the counts and the worker's stage durations travel at most this often
+# (Prometheus scrapes every 5-60 s, vLLM's log line comes every 10 s); when it runs dry, at once.
+SEND_EVERY_S = 1.0
+
+
+def stats_attached(wrapped, scheduler, args, kwargs):
+    """Scheduler.update_from_output: hand what is due to the one EngineCoreOutputs that carries
+    this step's SchedulerStats; without one it waits. At most every SEND_EVERY_S while busy, at
+    once when the scheduler runs dry; a worker process' durations are kept whenever they come.
+    The step's encoder and EC-load time is shared out first: vLLM's update frees the requests
+    that finish in this step."""
+    runner_out = args[1] if len(args) > 1 else kwargs.get("model_runner_output")
+    sent = runner_output.received(runner_out)
+    state = existing(scheduler.encoder_cache_manager)
+    try:
+        step_shares.share_step(scheduler, state, args[0] if args else kwargs["scheduler_output"],
+                               sent)
+    except Exception as e:  # noqa: BLE001
+        failed("scheduler.emit_stats", e)
+    outputs = wrapped(*args, **kwargs)
+    if state is None and not sent and not WORKER.pending and not TRANSFERS.pending:
+        return outputs  # nothing multimodal happened in this engine yet
+    try:
+        if state is None:
+            state = state_of(scheduler.encoder_cache_manager)
+        if sent:
+            merge(state.worker_durations, sent)
+        now = time.monotonic()
+        if now - state.sent >= SEND_EVERY_S or not scheduler.has_unfinished_requests():
+            # Requests past their first token are done with the encoder: checked only as often
+            # as the counts go out, not every step.
+            if state.shares.open:
+                state.shares.close(lambda rid: step_shares.past_first_token(scheduler, rid))
+            _attach(state, outputs, now)
+    except Exception as e:  # noqa: BLE001
+        failed("scheduler.emit_stats", e)
+    return outputs
+
+
+def _attach(state: EngineState, outputs, now: float) -> None:
+    ledger = state.ledger
+    news = ledger.has_news
+    durations = WORKER.pending or state.worker_durations
+    if not (news or durations or state.shares.done or TRANSFERS.pending):
+        return
+    for eco in (outputs or {}).values():
+        stats = eco.scheduler_stats
+        if stats is not None:
+            if news:
+                stats.encoder_cache_stats = ledger.drain().to_wire()
+            if durations:
+                stats.mm_stage_durations = merge(state.worker_durations, WORKER.drain())
+                state.worker_durations = {}
+            if state.shares.done:
+                stats.mm_request_shares = state.shares.drain()
+            if TRANSFERS.pending:
+                stats.mm_ec_transfers = TRANSFERS.drain()
+            state.sent = now
+            return

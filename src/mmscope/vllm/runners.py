@@ -1,0 +1,59 @@
+"""vLLM's two model runners: which one a worker uses (V1, `gpu_model_runner`, the CPU default; V2,
+`gpu/model_runner`, the default on GPUs with Triton) and which of mmscope's hooks apply to it.
+"""
+from __future__ import annotations
+
+from mmscope.log import logger
+
+V1, V2 = "v1", "v2"
+LABEL = {V1: "Model Runner V1", V2: "Model Runner V2"}
+
+
+def runner_of(model_runner) -> str:
+    from mmscope.vllm.targets import RUNNER_V2
+
+    names = {f"{c.__module__}:{c.__qualname__}" for c in type(model_runner).__mro__}
+    return V2 if RUNNER_V2 in names else V1
+
+
+def expected() -> tuple[str, str]:
+    """(runner, why): what vLLM picks in this environment before it knows the model (`mmscope
+    doctor`); a worker's start-up line names the one it really uses."""
+    import vllm.envs as envs
+
+    forced = envs.VLLM_USE_V2_MODEL_RUNNER
+    if forced is not None:
+        return (V2 if forced else V1), f"VLLM_USE_V2_MODEL_RUNNER={int(forced)}"
+    from vllm.triton_utils.importing import HAS_TRITON
+
+    if not HAS_TRITON:
+        return V1, "no Triton backend for this device, which V2 requires"
+    return V2, ("vLLM's default with Triton; a model using a feature V2 lacks gets V1, as the "
+                "worker's start-up line says")
+
+
+def applies(hook, runner: str) -> bool:
+    return hook.runner is None or hook.runner == runner
+
+
+_announced = False
+
+
+def announce(model_runner) -> None:
+    """Once per worker process: the runner it uses and how its hooks stand."""
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    from mmscope.vllm.instrumentor import get_instrumentor
+
+    runner = runner_of(model_runner)
+    hooks = [h for h in get_instrumentor().all_hooks() if h.runner == runner]
+    applied = [h for h in hooks if h.status == "applied"]
+    others = sum(1 for h in get_instrumentor().all_hooks() if h.runner not in (None, runner))
+    line = (f"mmscope: this worker runs {LABEL[runner]} ({type(model_runner).__qualname__}): "
+            f"{len(applied)} of its {len(hooks)} hooks applied")
+    left = [f"{h.name} ({h.status})" for h in hooks if h.status != "applied"]
+    if left:
+        line += "; not applied: " + ", ".join(left)
+    logger.info("%s; the other runner's %d hooks do not apply here", line, others)

@@ -1,0 +1,168 @@
+"""Worker wrappers of both model runners: the disjoint siblings under `gpu_model_runner: preprocess`
+(docs/design.md §3), each a range while tracing and a duration sample for the stage histogram.
+"""
+from __future__ import annotations
+
+from mmscope import stages
+from mmscope.emit import tracing
+from mmscope.emit.stage_timer import ENABLED, WORKER, timed_stage
+from mmscope.vllm import ec_connector, runners
+from mmscope.vllm.patching import failed, wrap_instance
+
+
+def timed(name: str, multimodal=None, hook: str | None = None, skip=None):
+    """A wrapper timing the whole call as one worker stage (a span too while tracing). With
+    `multimodal(result, args, kwargs)`, a call of a step without multimodal embeddings (a decode
+    step) gives no histogram sample: the stage describes multimodal work. `skip(args, kwargs)`:
+    calls that are not the stage at all (no span, no sample). `hook`: the table's hook that an
+    error of ours turns off."""
+    def _timed_call(wrapped, args, kwargs):
+        started = WORKER.clock.start()
+        result = wrapped(*args, **kwargs)
+        try:
+            if ENABLED and (multimodal is None or multimodal(result, args, kwargs)):
+                WORKER.clock.stop(WORKER, name, started)
+        except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
+            failed(hook or f"ranges.{name}", e)
+        return result
+    traced = tracing.spanned(name, _timed_call)
+    if skip is None:
+        return traced
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if skip(args, kwargs):
+            return wrapped(*args, **kwargs)
+        return traced(wrapped, instance, args, kwargs)
+    return wrapper
+
+
+# --- the encoder forward --------------------------------------------------------------------
+def encoder_forward(wrapped, runner, args, kwargs):
+    """V1: timed_encoder_operation wraps exactly model.embed_multimodal per encoder batch;
+    wrapping _execute_mm_encoder instead would also swallow the EC save loop (the seed's bug)."""
+    return timed_stage(stages.VIT_FORWARD, WORKER, wrapped(*args, **kwargs))
+
+
+# V2 runs all of a step's encoder batches inside one timed_encoder_operation, and its warm-up
+# (profile_encoder_cache) runs them outside any: the batches inside one are the stage.
+_encoding = False
+
+
+class _EncoderStep:
+    """V2's timed_encoder_operation(request_ids), observed: its batches are vit_forward."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __enter__(self):
+        global _encoding
+        result = self.inner.__enter__()
+        _encoding = True
+        return result
+
+    def __exit__(self, exc_type, exc, tb):
+        global _encoding
+        _encoding = False
+        return self.inner.__exit__(exc_type, exc, tb)
+
+
+def encoder_step(wrapped, encoder_runner, args, kwargs):
+    return _EncoderStep(wrapped(*args, **kwargs))
+
+
+def _not_a_step(args, kwargs) -> bool:
+    return not _encoding
+
+
+# One call per encoder batch: the model's embed_multimodal, or the encoder's CUDA graph.
+encoder_batch = timed(stages.VIT_FORWARD, hook="ranges.vit_forward.v2", skip=_not_a_step)
+
+
+# --- gather, embed, prepare ---------------------------------------------------------------------
+# Whether this step's gather found multimodal embeddings: V1's _preprocess gathers before it
+# prepares the inputs, on the same thread, so the prepare stage reads (and clears) it.
+_step_gathered = False
+
+
+def _gathered(result, args, kwargs) -> bool:
+    global _step_gathered
+    _step_gathered = bool(result[0])  # (mm_embeds, is_mm_embed): the step's gathered embeddings
+    return _step_gathered
+
+
+def _merged(result, args, kwargs) -> bool:
+    embeddings = kwargs.get("multimodal_embeddings", args[1] if len(args) > 1 else None)
+    return bool(embeddings is not None and len(embeddings))
+
+
+def _prepared(result, args, kwargs) -> bool:
+    global _step_gathered
+    gathered, _step_gathered = _step_gathered, False
+    return gathered
+
+
+def _drafter_v1(args, kwargs) -> bool:
+    """The drafter gathers one token ahead (speculative decoding): not the step's stage."""
+    return bool(kwargs.get("shift_computed_tokens", args[1] if len(args) > 1 else 0))
+
+
+def _drafter_v2(args, kwargs) -> bool:
+    return bool(kwargs.get("draft_lookahead", args[6] if len(args) > 6 else 0))
+
+
+gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS, _gathered,
+                             "ranges.gather_mm_embeddings", skip=_drafter_v1)
+gather_mm_embeddings_v2 = timed(stages.GATHER_MM_EMBEDDINGS, _gathered,
+                                "ranges.gather_mm_embeddings.v2", skip=_drafter_v2)
+prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, _prepared, "ranges.prepare_mm_inputs")
+_embed_timed = timed(stages.EMBED_INPUT_IDS, _merged)
+
+
+def model_loaded(hook_name: str, runner_methods: tuple[str, ...] = ()):
+    """The model exists once the runner loaded it: its embed_input_ids (and, under V2, its
+    embed_multimodal, one encoder batch) are wrapped on the instance; an accelerator's stages are
+    timed with its events from then on; the worker names its runner once."""
+    wraps = {"embed_input_ids": _embed_timed, "embed_multimodal": encoder_batch}
+
+    def wrapper(wrapped, runner, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        try:
+            model = getattr(runner, "model", None)
+            if model is not None:
+                for method in ("embed_input_ids",) + runner_methods:
+                    wrap_instance(model, method, wraps[method])
+            _time_on_device(getattr(runner, "device", None))
+            runners.announce(runner)
+        except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
+            failed(hook_name, e)
+        return result
+    return wrapper
+
+
+def _time_on_device(device) -> None:
+    """On an accelerator, a stage's work runs after its call returns: sample it from events."""
+    if device is None or getattr(device, "type", "cpu") == "cpu":
+        return
+    import torch
+
+    WORKER.use_device_events(lambda: torch.Event(device=device, enable_timing=True))
+
+
+def connector_created(wrapped, cls, args, kwargs):
+    """The worker-side EC connector's load and save are timed and counted (vllm/ec_connector.py):
+    start_load_caches includes the host-to-device copy, save_caches the device-to-host one."""
+    connector = wrapped(*args, **kwargs)
+    try:
+        from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+
+        role = args[1] if len(args) > 1 else kwargs.get("role")
+        if role == ECConnectorRole.WORKER:
+            if connector.is_consumer:
+                wrap_instance(connector, "start_load_caches", ec_connector.load_wrapper)
+            if connector.is_producer:
+                wrap_instance(connector, "save_caches", ec_connector.save_wrapper)
+    except Exception as e:  # noqa: BLE001
+        failed(ec_connector.HOOK, e)
+    return connector
