@@ -20,7 +20,7 @@ def main():
     llm = offline_llm(model, ec_transfer_config=ECTransferConfig(
         ec_connector="ECExampleConnector", ec_role=role,
         ec_connector_extra_config={"shared_storage_path": shared}))
-    work.items = 0  # the engine's start ran the encoder on dummy inputs
+    work.reset()
     prompts = [prompt([image(int(s))], f"Question {n}?") for n, s in enumerate(seeds.split(","))]
     outs = llm.generate(prompts, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
                         use_tqdm=False)

@@ -10,16 +10,22 @@ import time
 
 import pytest
 
-from mmscope.carry import access_log
+from mmscope.cache_size import trace
 from mmscope.demo.serve import VllmServer
+from mmscope.errors import UserError
 from mmscope.emit.chrome import read_events
 from tests.kit.server import chat, metrics
 
 pytestmark = pytest.mark.vllm
 
 
-def records(path) -> list:
-    return list(access_log.read(str(path))) if os.path.exists(path) else []
+def engine_log(path) -> trace.EngineTrace | None:
+    """The server's one engine as the access log shows it so far (None before its first access)."""
+    try:
+        (engine,) = trace.load(str(path)).engines.values()
+    except UserError:
+        return None
+    return engine
 
 
 def wait_for(predicate, timeout_s: float = 10.0):
@@ -45,8 +51,8 @@ def stopped(tiny_model, tmp_path_factory):
             chat(srv.url, srv.model, seeds)
         counted = metrics(srv.url)
         # While it runs: every committed item is on disk within about a second.
-        while_running = wait_for(lambda: sum(r.kind == "A" for r in records(log))
-                                 == counted["encoder_cache_queries"])
+        while_running = wait_for(lambda: (e := engine_log(log)) is not None
+                                 and e.accesses == counted["encoder_cache_queries"])
         chat(srv.url, srv.model, [4])  # committed just before the stop
         time.sleep(1.5)
         counted = metrics(srv.url)
@@ -64,10 +70,11 @@ def test_the_access_log_is_on_disk_while_the_server_runs(stopped):
 
 def test_the_access_log_keeps_every_committed_item_after_sigterm(stopped):
     log, _, counted, _ = stopped
-    accesses = [r for r in records(log) if r.kind == "A"]
-    assert len(accesses) == counted["encoder_cache_queries"] == 6
-    assert sum(r.outcome == "MISS" for r in accesses) == counted["encoder_cache_misses"] == 4
-    assert sum(r.kind == "C" for r in records(log)) >= 1  # the capacity line, at start
+    engine = engine_log(log)
+    assert engine.accesses == counted["encoder_cache_queries"] == 6
+    assert engine.accesses - engine.hits == counted["encoder_cache_misses"] == 4
+    assert engine.capacity == counted["encoder_cache_capacity_embeds"]  # the line at start
+    assert engine.bytes_per_embed == 64 * 2  # the tiny LLaVA: 64 wide, bfloat16
 
 
 def test_the_chrome_traces_are_readable_and_hold_the_stages_after_sigterm(stopped):

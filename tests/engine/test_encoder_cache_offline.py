@@ -30,7 +30,7 @@ def engine(tiny_model):
     os.environ["VLLM_MM_CACHE_PROBE"] = "1"
     work = EncoderWork()  # before the engine: a V2 runner wraps the model's method as it loads
     llm = offline_llm(tiny_model)
-    work.items = 0  # the engine's start ran the encoder on dummy inputs
+    work.reset()
     # After vLLM's logging set-up, which resets the handlers of existing vllm.* loggers.
     probe = ProbeLines()
     logging.getLogger("vllm.mmscope").addHandler(probe)

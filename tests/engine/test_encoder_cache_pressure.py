@@ -19,7 +19,7 @@ def tight(tiny_model):
     work = EncoderWork()  # before the engine: a V2 runner wraps the model's method as it loads
     llm = offline_llm(tiny_model, max_num_batched_tokens=32, max_model_len=256,
                       kv_cache_memory_bytes=3 * BLOCK_BYTES, enable_prefix_caching=False)
-    work.items = 0  # the engine's start ran the encoder on dummy inputs
+    work.reset()
     yield llm, work
     work.close()
 
@@ -44,3 +44,10 @@ def test_deferral_chunking_preemption_counted_exactly(tight):
     assert c["encoder_cache_hits"] == c["encoder_cache_hits_by_source{source=local}"] == 2
     assert c["encoder_cache_evictions"] == 4
     assert c["encoder_cache_capacity_embeds"] == 32
+    # In embeddings (16 an image): the misses are the rows the encoder computed, deferrals and
+    # revisiting chunks weigh nothing, the resumed request's two hits weigh their images.
+    assert c["encoder_cache_miss_embeds"] == work.rows == 6 * 16
+    assert c["encoder_cache_hit_embeds"] == c["encoder_cache_hit_embeds_by_source{source=local}"] \
+        == 2 * 16
+    assert c["encoder_cache_query_embeds"] == (6 + 2 * preemptions) * 16
+    assert c["encoder_cache_capacity_bytes"] == 32 * work.nbytes // work.rows

@@ -1,6 +1,7 @@
 """Each tiny model family on the real in-process engine: exact encoder-cache counters per
-modality for scripted image, video and audio sequences, the `mm:hash:<branch>` ranges those items
-take, and `vit_forward` only in the steps that ran the encoder."""
+modality, in items and in embeddings, for scripted image, video and audio sequences, the
+`mm:hash:<branch>` ranges those items take, and `vit_forward` only in the steps that ran the
+encoder."""
 from __future__ import annotations
 
 import gc
@@ -12,7 +13,7 @@ from mmscope import stages
 from mmscope.demo import tiny_model
 from mmscope.emit import tracing
 from tests.kit import traces as tk
-from tests.kit.engine import counters, offline_llm
+from tests.kit.engine import EncoderWork, counters, offline_llm
 from tests.kit.server import chat_parts, metrics, video_data_url
 
 pytestmark = pytest.mark.vllm
@@ -21,6 +22,10 @@ MODALITIES = {"llava": ("image",), "qwen2_5_vl": ("image", "video"), "qwen2_audi
 # The MultiModalHasher branch each family's items take, as the offline prompts give them.
 HASH_BRANCH = {"image": "pil_image", "video": "ndarray", "audio": "ndarray"}
 SEEDS = {"image": 300, "video": 400, "audio": 500}
+MODEL_CLASSES = {
+    "llava": "vllm.model_executor.models.llava:LlavaForConditionalGeneration",
+    "qwen2_5_vl": "vllm.model_executor.models.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",
+    "qwen2_audio": "vllm.model_executor.models.qwen2_audio:Qwen2AudioForConditionalGeneration"}
 
 
 def built(tmp_path_factory, arch: str) -> str:
@@ -43,9 +48,12 @@ def family(request, tmp_path_factory):
     tracing.configure()
     get_instrumentor().uninstrument()  # the ranges' hooks are chosen with tracing on, as at
     get_instrumentor().instrument()  # the start of a process
+    work = EncoderWork(MODEL_CLASSES[arch])
     llm = offline_llm(model, limit_mm_per_prompt={m: 2 for m in MODALITIES[arch]},
                       enable_prefix_caching=False)  # every repeat is an encoder-cache query
-    yield arch, tiny_model.family(arch), llm, trace_dir
+    work.reset()
+    yield arch, tiny_model.family(arch), llm, trace_dir, work
+    work.close()
     del llm
     gc.collect()
     env.undo()
@@ -82,8 +90,9 @@ SCRIPT_EXPECTED = [  # queries, hits, misses, in-step hits, local hits, vit_forw
 ]
 
 
-def run_script(fam, llm, trace_dir, modality):
-    """The scripted calls for one modality; (counter deltas, ranges) per generate call."""
+def run_script(fam, llm, trace_dir, work, modality):
+    """The scripted calls for one modality; (counter deltas, ranges, embeddings the encoder
+    computed) per generate call."""
     a, b, c = (SEEDS[modality] + i for i in range(3))
     by_call = []
     for prompts in (
@@ -91,17 +100,19 @@ def run_script(fam, llm, trace_dir, modality):
             [fam.prompt([(modality, a)], "Seen before?")],
             [fam.prompt([], "Just text")],
             [fam.prompt([(modality, b), (modality, c)], "Two new ones?")]):
-        before, t0 = counters(llm), now_us()
+        before, t0, rows = counters(llm), now_us(), work.rows
         generate(llm, prompts)
-        by_call.append((delta(counters(llm), before), ranges_since(trace_dir, t0)))
+        by_call.append((delta(counters(llm), before), ranges_since(trace_dir, t0),
+                        work.rows - rows))
     return by_call
 
 
 @pytest.fixture(scope="module")
 def scripted(family):
-    """The family's engine and, per modality, (counter deltas, ranges) per scripted call."""
-    arch, fam, llm, trace_dir = family
-    return arch, {m: run_script(fam, llm, trace_dir, m) for m in MODALITIES[arch]}
+    """The family's engine and, per modality, (counter deltas, ranges, embeddings computed) per
+    scripted call."""
+    arch, fam, llm, trace_dir, work = family
+    return arch, {m: run_script(fam, llm, trace_dir, work, m) for m in MODALITIES[arch]}
 
 
 def test_counters_per_modality_exact(scripted):
@@ -109,7 +120,7 @@ def test_counters_per_modality_exact(scripted):
     for modality, calls in runs.items():
         queries = f"encoder_cache_queries_by_modality{{modality={modality}}}"
         hits = f"encoder_cache_hits_by_modality{{modality={modality}}}"
-        for n, ((d, _), want) in enumerate(zip(calls, SCRIPT_EXPECTED)):
+        for n, ((d, _, _), want) in enumerate(zip(calls, SCRIPT_EXPECTED)):
             got = (d[queries], d[hits], d["encoder_cache_misses"],
                    d["encoder_cache_hits_by_source{source=in_step}"],
                    d["encoder_cache_hits_by_source{source=local}"])
@@ -117,10 +128,36 @@ def test_counters_per_modality_exact(scripted):
             assert d["encoder_cache_queries"] == d[queries]  # no other modality counted
 
 
+def test_embedding_counters_weigh_each_item_by_what_the_encoder_computes(scripted, family):
+    """In embeddings: misses are exactly the rows the encoder computed; the repeats of item a hit
+    its rows; the occupancy in bytes is what the worker's tensors take."""
+    arch, runs = scripted
+    work = family[4]
+    for modality, calls in runs.items():
+        (first, _, rows_a), (again, _, none), (_, _, _), (last, _, rows_bc) = calls
+        label = f"{{modality={modality}}}"
+        assert none == 0 and rows_a > 0 and rows_bc > 0, f"{arch} {modality}"
+        want = [  # query, hit, miss embeds; in-step and local hit embeds
+            (first, 2 * rows_a, rows_a, rows_a, rows_a, 0),
+            (again, rows_a, rows_a, 0, 0, rows_a),
+            (last, rows_bc, 0, rows_bc, 0, 0)]
+        for d, query, hit, miss, in_step, local in want:
+            assert (d["encoder_cache_query_embeds"], d[f"encoder_cache_query_embeds_by_modality{label}"],
+                    d["encoder_cache_hit_embeds"], d[f"encoder_cache_hit_embeds_by_modality{label}"],
+                    d["encoder_cache_miss_embeds"],
+                    d["encoder_cache_hit_embeds_by_source{source=in_step}"],
+                    d["encoder_cache_hit_embeds_by_source{source=local}"]) == (
+                query, query, hit, hit, miss, in_step, local), f"{arch} {modality}"
+    now = counters(family[2])
+    per_embed = now["encoder_cache_capacity_bytes"] / now["encoder_cache_capacity_embeds"]
+    assert work.nbytes == work.rows * per_embed
+    assert now["encoder_cache_usage_bytes"] == now["encoder_cache_usage_embeds"] * per_embed
+
+
 def test_vit_forward_only_in_the_steps_that_ran_the_encoder(scripted):
     arch, runs = scripted
     for modality, calls in runs.items():
-        vit = [len(tk.named(rs, stages.VIT_FORWARD)) for _, rs in calls]
+        vit = [len(tk.named(rs, stages.VIT_FORWARD)) for _, rs, _ in calls]
         assert vit == [want[5] for want in SCRIPT_EXPECTED], f"{arch} {modality}"
 
 
@@ -128,13 +165,13 @@ def test_hash_range_per_item_named_by_its_branch(scripted):
     arch, runs = scripted
     for modality, calls in runs.items():
         hash_name = stages.hash_range(HASH_BRANCH[modality])
-        for n, ((_, rs), want) in enumerate(zip(calls, SCRIPT_EXPECTED)):
+        for n, ((_, rs, _), want) in enumerate(zip(calls, SCRIPT_EXPECTED)):
             hashes = [r.name for r in rs if r.name.startswith(stages.HASH_PREFIX)]
             assert hashes == [hash_name] * want[0], f"{arch} {modality}, call {n}"
 
 
 def test_vit_forward_nested_in_preprocess(family):
-    arch, fam, llm, trace_dir = family
+    arch, fam, llm, trace_dir, _ = family
     first = MODALITIES[arch][0]
     t0 = now_us()
     generate(llm, [fam.prompt([(first, 600)], "New?")])
@@ -147,8 +184,36 @@ def test_vit_forward_nested_in_preprocess(family):
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl"], indirect=True)
+def test_images_of_different_sizes_weigh_their_embeddings(family):
+    """Qwen2.5-VL sizes an image's embeddings by its pixels: a wide image weighs twice a square
+    one in the embedding counters, as in the encoder's own output."""
+    from mmscope.demo import media
+
+    arch, fam, llm, trace_dir, work = family
+    square, wide = (810, (56, 56)), (811, (112, 56))
+
+    def ask(images, text):
+        data = [media.image(seed, size) for seed, size in images]
+        return {"prompt": f"user: {fam.IMAGE_PART * len(images)}{text}\nassistant:",
+                "multi_modal_data": {"image": data[0] if len(data) == 1 else data}}
+
+    rows = []
+    for images in ([square], [wide]):
+        before = work.rows
+        generate(llm, [ask(images, "Size?")])
+        rows.append(work.rows - before)
+    assert rows[1] == 2 * rows[0] > 0
+    before = counters(llm)
+    generate(llm, [ask([square, wide], "Both again?")])
+    d = delta(counters(llm), before)
+    assert (d["encoder_cache_queries"], d["encoder_cache_hits"]) == (2, 2)
+    assert d["encoder_cache_query_embeds"] == d["encoder_cache_hit_embeds"] == sum(rows)
+    assert d["encoder_cache_miss_embeds"] == 0
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl"], indirect=True)
 def test_image_and_video_in_one_request(family):
-    arch, fam, llm, trace_dir = family
+    arch, fam, llm, trace_dir, _ = family
     before, t0 = counters(llm), now_us()
     generate(llm, [fam.prompt([("image", 700), ("video", 700)], "Both?"),
                    fam.prompt([("video", 700)], "The clip alone?")])

@@ -52,6 +52,10 @@ def test_counts_equal_the_plan_when_the_cache_holds_a_level(traced_server, tmp_p
         assert level["observed_queries"] == level["images"] == 40
         assert level["observed_hits"] == level["planned_hits"]
         assert level["observed_misses"] == level["distinct_images"]
+        # in embeddings: every image weighs its 16
+        assert (level["observed_query_embeds"], level["observed_hit_embeds"]) == (
+            16 * level["observed_queries"], 16 * level["observed_hits"])
+        assert level["observed_embed_hit_rate"] == level["observed_hit_rate"]
         assert sum(level["hits_by_source"].values()) == level["observed_hits"]
         assert level["capacity_allows_hits"] == level["planned_hits"]
         assert level["verdict"]["status"] == "match"

@@ -35,7 +35,7 @@ def traced(tiny_model, tmp_path_factory):
     get_instrumentor().instrument()  # start of a process with MMSCOPE_TRACE=chrome
     work = EncoderWork()  # before the engine: a V2 runner wraps the model's method as it loads
     llm = offline_llm(tiny_model)
-    work.items = 0  # the engine's start ran the encoder on dummy inputs
+    work.reset()
     lines: list[str] = []
     step_logger = logging.getLogger("vllm.mmscope")
     handler = logging.Handler()

@@ -41,22 +41,33 @@ def counters(llm) -> dict[str, float]:
 
 
 class EncoderWork:
-    """Counts the images the vision encoder really embeds (wraps the model class's
-    embed_multimodal, which the worker calls once per encoder batch)."""
+    """Counts what the vision (or audio) encoder really computes: wraps the model class's
+    embed_multimodal, which the worker calls once per encoder batch; `items` outputs, `rows`
+    their embeddings, `nbytes` their bytes as the worker holds them. Made before the engine:
+    a V2 runner wraps the loaded model's method on the instance."""
 
-    def __init__(self):
-        from vllm.model_executor.models.llava import LlavaForConditionalGeneration as cls
+    def __init__(self, model_class: str = "vllm.model_executor.models.llava:"
+                                          "LlavaForConditionalGeneration"):
+        import importlib
 
-        self.cls, self.items = cls, 0
+        module, _, name = model_class.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        self.cls, self.items, self.rows, self.nbytes = cls, 0, 0, 0
         self._orig = cls.embed_multimodal
         work = self
 
         def counted(model_self, **kwargs):
             out = work._orig(model_self, **kwargs)
             work.items += len(out)
+            work.rows += sum(t.shape[0] for t in out)
+            work.nbytes += sum(t.nbytes for t in out)
             return out
 
         cls.embed_multimodal = counted
+
+    def reset(self) -> None:
+        """The engine's start ran the encoder on dummy inputs: count from here."""
+        self.items = self.rows = self.nbytes = 0
 
     def close(self):
         self.cls.embed_multimodal = self._orig

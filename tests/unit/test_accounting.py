@@ -10,8 +10,9 @@ from mmscope.carry.ledger import Decision, EncoderCacheLedger, Item, probe_line
 D = Decision
 
 
-def item(req, idx, key=None, modality="image"):
-    return Item(req, idx, modality, key or f"h-{req}-{idx}", 16)
+def item(req, idx, key=None, modality="image", embeds=None):
+    """Items of different sizes: a request's item idx has 16 * (idx + 1) embeddings."""
+    return Item(req, idx, modality, key or f"h-{req}-{idx}", embeds or 16 * (idx + 1))
 
 
 def test_a_miss_needs_the_encoder_to_be_scheduled():
@@ -65,6 +66,25 @@ def test_sources_local_in_step_connector():
     assert s.hits_by_source == Counter(in_step=2, connector=1, local=1)
     assert s.queries_by_modality == Counter(image=4, video=1)
     assert s.hits_by_modality == Counter(image=3, video=1)
+    # In embeddings: a's second copy is item 1 (32), the others item 0 (16 each).
+    assert (s.query_embeds, s.hit_embeds, s.miss_embeds) == (96, 80, 16)
+    assert s.hit_embeds_by_source == Counter(in_step=48, connector=16, local=16)
+    assert s.query_embeds_by_modality == Counter(image=80, video=16)
+    assert s.hit_embeds_by_modality == Counter(image=64, video=16)
+
+
+def test_a_large_item_weighs_what_it_costs():
+    """One hit on a 4,000-embedding video and one miss on a 64-embedding thumbnail: half the items
+    hit, but 98% of the encoder's work was spared."""
+    led = EncoderCacheLedger()
+    led.propose(item("a", 0, "video-1", "video", embeds=4000), D.LOCAL_HIT)
+    led.propose(item("b", 0, "thumb-1", "image", embeds=64), D.COMPUTE)
+    led.prefix_covered(item("c", 0, "thumb-2", "image", embeds=64))
+    led.commit_step({"a": 1, "b": 1, "c": 1}, {"b": [0]})
+    s = led.drain()
+    assert (s.queries, s.hits) == (2, 1)
+    assert (s.query_embeds, s.hit_embeds, s.miss_embeds, s.prefix_covered_embeds) == (
+        4064, 4000, 64, 64)
 
 
 def test_probe_lines_carry_ids_counts_and_hash_prefix_only():
@@ -90,6 +110,10 @@ def test_wire_round_trip_and_add():
     assert s.to_wire() == {"requests": 2, "queries": 2, "hits": 1, "misses": 1, "deferrals": 0,
                            "evictions": 2, "prefix_covered": 0, "hits_by_source:connector": 1,
                            "queries_by_modality:image": 2, "hits_by_modality:image": 1,
+                           "query_embeds": 32, "hit_embeds": 16, "miss_embeds": 16,
+                           "prefix_covered_embeds": 0, "hit_embeds_by_source:connector": 16,
+                           "query_embeds_by_modality:image": 32,
+                           "hit_embeds_by_modality:image": 16,
                            "usage_embeds": 32, "capacity_embeds": 256}
     assert all(type(v) is int for v in s.to_wire().values())
     # Occupancy carries over a drain; counts do not.
@@ -125,25 +149,27 @@ def reference(steps):
     """docs/design.md §4 restated plainly: a (request, item) counts once per residency, as a query or
     as prefix-covered, whichever comes first; prefix-covered is no query."""
     q = h = m = d = pc = 0
+    embeds = Counter()  # the same outcomes weighed by their items' embeddings
     done: dict[str, set] = {r: set() for r in "abc"}
     for proposals, scheduled, forgotten, spared in steps:
         for req, idx in spared:
             if idx not in done[req]:
                 done[req].add(idx)
                 pc += 1
+                embeds["prefix_covered"] += item(req, idx).embeds
         for (req, idx), dec in decided(proposals).items():
             if dec is Decision.DEFERRED:
                 d += 1
             elif req in scheduled and idx not in done[req]:
                 done[req].add(idx)
                 q += 1
-                if runs_encoder(idx, dec):
-                    m += 1
-                else:
-                    h += 1
+                hit = not runs_encoder(idx, dec)
+                h, m = h + hit, m + (not hit)
+                embeds["hit" if hit else "miss"] += item(req, idx).embeds
         for req in forgotten:
             done[req] = set()
-    return q, h, m, d, pc
+    return (q, h, m, d, pc), (embeds["hit"] + embeds["miss"], embeds["hit"], embeds["miss"],
+                              embeds["prefix_covered"])
 
 
 @settings(max_examples=300, deadline=None)
@@ -168,10 +194,15 @@ def test_ledger_matches_reference_model(steps):
         assert sum(s.hits_by_source.values()) == s.hits
         assert sum(s.queries_by_modality.values()) == s.queries
         assert sum(s.prefix_covered_by_modality.values()) == s.prefix_covered
+        assert s.query_embeds == s.hit_embeds + s.miss_embeds
+        assert sum(s.hit_embeds_by_source.values()) == s.hit_embeds
+        assert sum(s.query_embeds_by_modality.values()) == s.query_embeds
         total.update(s.to_wire())
     counted = (total["queries"], total["hits"], total["misses"], total["deferrals"],
                total["prefix_covered"])
-    assert counted == reference(steps)
+    weighed = (total["query_embeds"], total["hit_embeds"], total["miss_embeds"],
+               total["prefix_covered_embeds"])
+    assert (counted, weighed) == reference(steps)
 
 
 def test_no_news_until_something_changes():

@@ -22,17 +22,19 @@ from mmscope.errors import UserError
 SIZES = {"a": 16, "b": 16, "c": 16, "d": 16}
 
 
-def write_log(path, *events, capacity=256, engine="100"):
+def write_log(path, *events, capacity=256, engine="100", bytes_per_embed=None):
     """Events: "r1 a" (access, MISS), "r1 a hit", "r1 a connector", "r1 a deferred", "-r1" (F),
-    "a:32" gives an item's size; "@200 r1 a" puts the line on engine 200."""
+    "a:32" gives an item's size; "@200 r1 a" puts the line on engine 200. A capacity line has
+    the bytes of one embedding where `bytes_per_embed` is given (older logs have none)."""
     lines = [access_log.HEADER]
     engines = set()
+    per_embed = "" if bytes_per_embed is None else f"\t{bytes_per_embed}"
     for n, ev in enumerate(events):
         eng = engine
         if ev.startswith("@"):
             eng, ev = ev[1:].split(" ", 1)
         if eng not in engines and capacity:
-            lines.append(f"C\t{n}\t{eng}\t{capacity}\n")
+            lines.append(f"C\t{n}\t{eng}\t{capacity}{per_embed}\n")
         engines.add(eng)
         lines.append(_line(n, eng, ev.split()))
     path.write_text("".join(lines))
@@ -156,19 +158,22 @@ def test_default_grid_powers_of_two_between_largest_item_and_saturation(tmp_path
 def test_reader_agrees_with_the_access_log_writer(tmp_path, monkeypatch):
     path = str(tmp_path / "w.log")
     w = access_log.AccessLogWriter(path, "7")
-    w.capacity(64)
-    for i, (outcome, src) in enumerate([("MISS", None), ("HIT", "local"), ("DEFERRED", None),
-                                        ("HIT", "in_step"), ("HIT", "connector")]):
-        w.item(outcome, Item(f"req-{i}", 0, "image", f"h{i % 2}", 16), src)
+    w.capacity(64, 128)
+    written = [("MISS", None), ("HIT", "local"), ("DEFERRED", None), ("HIT", "in_step"),
+               ("HIT", "connector")]
+    for i, (outcome, src) in enumerate(written):
+        w.item(outcome, Item(f"req-{i}", 0, "image", f"h{i % 2}", 16 * (i + 1)), src)
         w.freed(f"req-{i}")
     w.flush()
-    records = list(access_log.read(path))
     t = trace.load(path)
     e = t.engines["7"]
-    assert e.capacity == 64
-    assert e.accesses == sum(r.kind == "A" and r.outcome != "DEFERRED" for r in records) == 4
-    assert e.hits == 3
-    assert sum(ev[1] == trace.FREE for ev in e.events) == sum(r.kind == "F" for r in records)
+    assert (e.capacity, e.bytes_per_embed, t.bytes_per_embed) == (64, 128, 128)
+    outcomes = {"MISS": trace.MISS, "HIT": trace.HIT}
+    assert [ev[2:] for ev in e.events if ev[1] != trace.FREE] == [
+        (16 * (i + 1), trace.CONNECTOR if src == "connector" else outcomes[outcome])
+        for i, (outcome, src) in enumerate(written) if outcome != "DEFERRED"]
+    assert (e.accesses, e.hits, e.largest_item) == (4, 3, 80)
+    assert sum(ev[1] == trace.FREE for ev in e.events) == len(written)
 
 
 def test_truncated_last_line_is_ignored(tmp_path):
@@ -273,9 +278,21 @@ def test_json_report_holds_every_figure(tmp_path, capsys):
         "max_hit_rate": 5 / 9, "saturation_tokens": 48, "saturation_bytes": 48 * kib,
         "recorded_capacity_tokens": 32, "recorded_capacity_bytes": 32 * kib,
         "recorded_hit_rate": 1 / 9, "model_hit_rate_at_recorded": 3 / 9,
-        "bytes_per_token": kib, "hidden_size": 64, "dtype": "float32",
+        "bytes_per_token": kib, "bytes_from": "64 x float32",
         "engines": [{"engine": "X", "capacity_tokens": 32, "queries": 7, "hits": 0},
                     {"engine": "Y", "capacity_tokens": 32, "queries": 2, "hits": 1}]}
+
+
+def test_bytes_as_the_access_log_recorded_them(tmp_path, capsys):
+    """vLLM's engine writes one embedding's bytes on its capacity line: no option needed."""
+    path = write_log(tmp_path / "x.log", *TWO_ENGINES, capacity=32, bytes_per_embed=128)
+    rc, out, _ = run_main(capsys, path, "--json")
+    r = json.loads(out)
+    assert (rc, r["bytes_per_token"], r["bytes_from"]) == (0, 128,
+                                                         "128 an embedding, the access log's")
+    assert r["recorded_capacity_bytes"] == 32 * 128
+    rc, out, _ = run_main(capsys, path, "--json", "--hidden-size", "64", "--dtype", "float32")
+    assert json.loads(out)["bytes_per_token"] == 256  # the option wins over the log
 
 
 def words(text: str) -> list[str]:

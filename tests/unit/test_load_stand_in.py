@@ -82,6 +82,8 @@ class ImageCache:
         with self.lock:
             c = dict(self.counts)
         labels = 'model_name="m",engine="0"'
+        # the queries and hits in embeddings too: 16 an image, as the header says
+        c.update(query_embeds=16 * c["queries"], hit_embeds=16 * c["hits"])
         lines = [f"# TYPE vllm:encoder_cache_{k}_total counter\n"
                  f"vllm:encoder_cache_{k}_total{{{labels}}} {v}.0\n" for k, v in c.items()]
         lines.append("# TYPE vllm:encoder_cache_hits_by_source_total counter\n"
@@ -223,10 +225,14 @@ def test_the_table_shows_the_figures_of_the_json():
                         "(16 embeds each); encoder cache 48 embeds")
     rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in lines if ln.startswith("│")]
     cells = [row for row in rows if row and row[0] == "0.5"]
-    assert cells[0][:9] == ["0.5", "8", "8", str(lv["planned_hits"]), str(lv["observed_queries"]),
-                            str(lv["observed_hits"]), str(lv["observed_prefix_covered"]),
-                            f"{lv['observed_hit_rate']:.0%} ({lv['planned_hit_rate']:.0%})",
-                            f"{lv['observed_avoided_rate']:.0%}"]
+    assert cells[0][:11] == ["0.5", "8", "8", str(lv["planned_hits"]), str(lv["observed_queries"]),
+                             str(lv["observed_hits"]), str(lv["observed_prefix_covered"]),
+                             f"{lv['observed_hit_rate']:.0%} ({lv['planned_hit_rate']:.0%})",
+                             f"{lv['observed_embed_hit_rate']:.0%}",
+                             f"{lv['observed_avoided_rate']:.0%}",
+                             f"{lv['observed_saved_embed_rate']:.0%}"]
+    assert lv["observed_query_embeds"] == 16 * lv["observed_queries"]
+    assert lv["observed_hit_embeds"] == 16 * lv["observed_hits"]
     assert cells[1] == ["0.5", str(lv["observed_hits"]), "0", "0", "0", str(lv["evictions"]),
                         str(lv["capacity_allows_hits"]), "0 / 0", "0 / 0"]
     assert lines[-1] == f"reuse 0.5: {lv['verdict']['text']}"

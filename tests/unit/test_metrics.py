@@ -97,11 +97,16 @@ def test_every_series_is_at_zero_from_the_start_with_the_capacity_set(vllm_confi
     for engine in ("0", "1"):
         for src in SOURCES:
             assert s[("vllm:encoder_cache_hits_by_source_total", engine, src)] == 0
-        for name in ("queries_by_modality", "hits_by_modality", "prefix_covered_by_modality"):
+            assert s[("vllm:encoder_cache_hit_embeds_by_source_total", engine, src)] == 0
+        for name in ("queries_by_modality", "hits_by_modality", "prefix_covered_by_modality",
+                     "query_embeds_by_modality", "hit_embeds_by_modality"):
             assert s[(f"vllm:encoder_cache_{name}_total", engine, "image")] == 0
-        for name in ("queries", "hits", "misses", "deferrals", "evictions", "prefix_covered"):
+        for name in ("queries", "hits", "misses", "deferrals", "evictions", "prefix_covered",
+                     "query_embeds", "hit_embeds", "miss_embeds", "prefix_covered_embeds"):
             assert s[(f"vllm:encoder_cache_{name}_total", engine, None)] == 0
         assert s[("vllm:encoder_cache_capacity_embeds", engine, None)] == capacity > 0
+        # an embedding of the tiny LLaVA's cache: 64 wide, bfloat16
+        assert s[("vllm:encoder_cache_capacity_bytes", engine, None)] == capacity * 64 * 2
     assert not any(label == "video" for _, _, label in s)  # the tiny LLaVA takes images only
 
 
@@ -137,6 +142,12 @@ def test_two_emissions_add_up_and_the_gauges_take_the_last(vllm_config, metrics_
     assert s[("vllm:encoder_cache_hits_total", "0", None)] == 2
     assert s[("vllm:encoder_cache_hits_by_source_total", "0", "local")] == 2
     assert s[("vllm:encoder_cache_usage_embeds", "0", None)] == 48
+    assert s[("vllm:encoder_cache_usage_bytes", "0", None)] == 48 * 128
+    # the same in embeddings: item i of wire() has 16
+    assert s[("vllm:encoder_cache_query_embeds_total", "0", None)] == 48
+    assert s[("vllm:encoder_cache_hit_embeds_total", "0", None)] == 32
+    assert s[("vllm:encoder_cache_miss_embeds_total", "0", None)] == 16
+    assert s[("vllm:encoder_cache_hit_embeds_by_modality_total", "0", "image")] == 32
 
 
 def stats_line(mgr) -> str:

@@ -13,11 +13,11 @@ from mmscope.expose.metrics import COUNTERS, LABELED, EncoderCacheProm
 ENGINES = {0: ["tiny", "0"], 1: ["tiny", "1"]}
 
 
-def _prom(modalities=(), capacity=None, engines=None):
+def _prom(modalities=(), capacity=None, engines=None, bytes_per_embed=None):
     registry = CollectorRegistry()
     classes = (functools.partial(cls, registry=registry) for cls in (Counter, Gauge, Histogram))
     return registry, EncoderCacheProm(*classes, engines or {0: ["tiny", "0"]}, modalities,
-                                      capacity)
+                                      capacity, bytes_per_embed=bytes_per_embed)
 
 
 def _samples(registry, engine="0") -> dict[tuple, float]:
@@ -54,6 +54,16 @@ def test_two_emissions_add_up_per_key_and_the_gauges_take_the_last():
     assert s[("vllm:encoder_cache_capacity_embeds", None)] == 256
     prom.observe({"usage_embeds": 16, "capacity_embeds": 256}, 0)
     assert _samples(registry)[("vllm:encoder_cache_usage_embeds", None)] == 16
+    assert ("vllm:encoder_cache_usage_bytes", None) not in s  # the outputs' width not given
+
+
+def test_the_occupancy_in_bytes_follows_the_embeddings():
+    registry, prom = _prom(bytes_per_embed=128)
+    prom.observe({"usage_embeds": 48, "capacity_embeds": 256}, 0)
+    prom.observe({"usage_embeds": 16, "capacity_embeds": 256}, 0)
+    s = _samples(registry)
+    assert s[("vllm:encoder_cache_usage_bytes", None)] == 16 * 128
+    assert s[("vllm:encoder_cache_capacity_bytes", None)] == 256 * 128
 
 
 def test_a_gauge_goes_back_to_zero_and_unknown_keys_or_engines_are_ignored():
@@ -82,14 +92,16 @@ def test_a_label_on_a_series_without_that_label_is_ignored():
 def test_every_labelled_series_exists_at_zero_before_any_count():
     """rate() and increase() see a series rise only from a sample at 0: every source, every
     modality given and every engine is there from the start, the capacity at its value."""
-    registry, prom = _prom(["audio", "image"], capacity=8192, engines=ENGINES)
+    registry, prom = _prom(["audio", "image"], capacity=8192, engines=ENGINES,
+                           bytes_per_embed=4096 * 2)
     expected = {(name + "_total", None): 0.0 for name, _ in COUNTERS.values()}
-    expected.update({("vllm:encoder_cache_hits_by_source_total", src): 0.0 for src in SOURCES})
     for key, (name, extra, _) in LABELED.items():
-        if extra == "modality":
-            expected.update({(name + "_total", m): 0.0 for m in ("audio", "image")})
+        labels = SOURCES if extra == "source" else ("audio", "image")
+        expected.update({(name + "_total", label): 0.0 for label in labels})
     expected[("vllm:encoder_cache_usage_embeds", None)] = 0.0
     expected[("vllm:encoder_cache_capacity_embeds", None)] = 8192.0
+    expected[("vllm:encoder_cache_usage_bytes", None)] = 0.0
+    expected[("vllm:encoder_cache_capacity_bytes", None)] = 8192.0 * 8192
     for engine in ("0", "1"):
         assert _samples(registry, engine) == expected
 

@@ -38,10 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-hit-rate", type=float, default=0.8, metavar="R",
                         help="hit rate to size for, 0-1 (default 0.8)")
     parser.add_argument("--hidden-size", type=int, metavar="H",
-                        help="width of one cached embedding (the language model's hidden size "
-                             "for LLaVA-style models): adds bytes to every capacity")
+                        help="width of one cached embedding (the language model's input "
+                             "embedding size): bytes beside every capacity (default: one "
+                             "embedding's bytes as the engine recorded them in the log)")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16",
-                        help="dtype of the cached embeddings (default bfloat16)")
+                        help="dtype of the cached embeddings, with --hidden-size (default "
+                             "bfloat16)")
     parser.add_argument("--release", choices=("access", "end"), default="access", help=RELEASE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE", help="write the curve as PNG, SVG or PDF")
@@ -52,13 +54,14 @@ def run(args) -> int:
     from mmscope.cache_size.report import print_table, report
 
     target = _target(args.target_hit_rate)
-    per_token = _bytes_per_token(args)
+    given = _given_bytes(args)
     if args.plot:
         check_output_file(args.plot, "--plot", PLOT_FORMATS)
     log = trace.load(args.log)
+    per_token, bytes_from = given or _logged_bytes(log)
     c = model.curve(log, args.release)
     grid = _capacities(args.capacities, c)
-    result = report(log, c, grid, target, per_token, args.hidden_size, args.dtype)
+    result = report(log, c, grid, target, per_token, bytes_from)
     if args.plot:
         from mmscope.cache_size.plot import write_plot
 
@@ -79,13 +82,20 @@ def _target(value: float) -> float:
     return value
 
 
-def _bytes_per_token(args) -> int | None:
+def _given_bytes(args) -> tuple[int, str] | None:
+    """(bytes of one embedding, where that comes from) from --hidden-size and --dtype."""
     if args.hidden_size is None:
         return None
     if not 0 < args.hidden_size <= MAX_HIDDEN_SIZE:
         raise UserError(f"--hidden-size: {args.hidden_size} is not a width between 1 and "
                         f"{MAX_HIDDEN_SIZE}")
-    return args.hidden_size * DTYPE_BYTES[args.dtype]
+    return args.hidden_size * DTYPE_BYTES[args.dtype], f"{args.hidden_size} x {args.dtype}"
+
+
+def _logged_bytes(log) -> tuple[int | None, str | None]:
+    """One embedding's bytes as the engine allocated them: its capacity line gives them."""
+    per_token = log.bytes_per_embed
+    return (per_token, f"{per_token} an embedding, the access log's") if per_token else (None, None)
 
 
 def _capacities(values: list[str] | None, c) -> list[int]:

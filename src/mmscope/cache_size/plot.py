@@ -77,4 +77,4 @@ def _bytes_axis(ax, r: dict) -> None:
     top.xaxis.set_minor_locator(NullLocator())
     top.xaxis.set_major_formatter(lambda b, _pos: human_bytes(round(b)))
     top.tick_params(labelsize=7)
-    top.set_xlabel(f"bytes ({r['hidden_size']} x {r['dtype']})", fontsize=8)
+    top.set_xlabel(f"bytes ({r['bytes_from']})", fontsize=8)

@@ -7,7 +7,7 @@ import sys
 
 
 def report(log, c, grid: list[int], target: float, per_token: int | None,
-           hidden_size: int | None, dtype: str) -> dict:
+           bytes_from: str | None) -> dict:
     """Everything the table, the JSON and the plot show."""
     def size(tokens):
         return None if tokens is None or per_token is None else tokens * per_token
@@ -33,8 +33,7 @@ def report(log, c, grid: list[int], target: float, per_token: int | None,
         "recorded_hit_rate": c.recorded_hits / c.queries,
         "model_hit_rate_at_recorded": c.hit_rate(recorded) if recorded else None,
         "bytes_per_token": per_token,
-        "hidden_size": hidden_size,
-        "dtype": dtype if per_token else None,
+        "bytes_from": bytes_from,
         "engines": [{"engine": e.engine, "capacity_tokens": e.capacity, "queries": e.accesses,
                      "hits": e.hits} for e in log.engines.values()],
     }
@@ -49,7 +48,7 @@ def print_table(r: dict) -> None:
     table = Table(box=None, pad_edge=False)
     table.add_column("capacity (embeds)", justify="right")
     if r["bytes_per_token"]:
-        table.add_column(f"bytes ({r['hidden_size']} x {r['dtype']})", justify="right")
+        table.add_column(f"bytes ({r['bytes_from']})", justify="right")
     table.add_column("hit rate", justify="right")
     table.add_column("hits", justify="right")
     table.add_column("")

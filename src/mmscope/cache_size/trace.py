@@ -22,6 +22,7 @@ class EngineTrace:
     engine: str
     events: list[tuple[int, int, int, int]] = field(default_factory=list)
     capacity: int | None = None
+    bytes_per_embed: int = 0  # 0: the log does not say
     accesses: int = 0
     hits: int = 0
     largest_item: int = 0
@@ -44,6 +45,12 @@ class Trace:
     @property
     def accesses(self) -> int:
         return sum(e.accesses for e in self.engines.values())
+
+    @property
+    def bytes_per_embed(self) -> int | None:
+        """One embedding's bytes as the engines recorded them, where they did and agree."""
+        known = {e.bytes_per_embed for e in self.engines.values() if e.bytes_per_embed}
+        return known.pop() if len(known) == 1 else None
 
 
 def load(path: str) -> Trace:
@@ -89,8 +96,10 @@ def _parse(f, path: str) -> Trace:
             elif kind == "F" and len(p) == 4:
                 e = engines.get(p[2]) or _engine(engines, p[2])
                 e.events.append((requests.setdefault(p[3].rstrip("\n"), len(requests)), FREE, 0, 0))
-            elif kind == "C" and len(p) == 4:
-                (engines.get(p[2]) or _engine(engines, p[2])).capacity = int(p[3])
+            elif kind == "C" and len(p) in (4, 5):
+                e = engines.get(p[2]) or _engine(engines, p[2])
+                e.capacity = int(p[3])
+                e.bytes_per_embed = int(p[4]) if len(p) == 5 else 0
             elif not (kind.startswith("#") or line.isspace()):
                 raise ValueError(kind)
     except UnicodeDecodeError:

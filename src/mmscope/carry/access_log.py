@@ -1,8 +1,9 @@
 """The encoder-cache access log: one compact line per committed encoder input, per freed request,
-and the capacity, appended by every engine process to one file (MMSCOPE_ACCESS_LOG=FILE).
+and the capacity, appended by every engine process to one file (MMSCOPE_ACCESS_LOG=FILE); its one
+reader is mmscope.cache_size.trace.
 
 Lines are tab-separated; each flush is one O_APPEND write, so several processes share a file:
-  C <t_ns> <engine> <capacity_embeds>
+  C <t_ns> <engine> <capacity_embeds> <bytes_per_embed>   (0: not known; older logs omit it)
   A <t_ns> <engine> <request> <item> <modality> <hash> <embeds> <HIT|MISS|DEFERRED> <source|->
   F <t_ns> <engine> <request>                      (the request released its encoder entries)
 """
@@ -12,8 +13,6 @@ import atexit
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Iterator
 
 from mmscope.carry.ledger import Item
 
@@ -46,8 +45,8 @@ class AccessLogWriter:
             time.sleep(FLUSH_INTERVAL_S)
             self.flush()
 
-    def capacity(self, embeds: int) -> None:
-        self._buf.append(f"C\t{time.time_ns()}\t{self.engine}\t{embeds}\n")
+    def capacity(self, embeds: int, bytes_per_embed: int = 0) -> None:
+        self._buf.append(f"C\t{time.time_ns()}\t{self.engine}\t{embeds}\t{bytes_per_embed}\n")
 
     def item(self, outcome: str, item: Item, source: str | None) -> None:
         if outcome == "PREFIX_COVERED":
@@ -84,42 +83,3 @@ def writer() -> AccessLogWriter | None:
     if _writer is None or _writer.pid != os.getpid():
         _writer = AccessLogWriter(path, str(os.getpid()))
     return _writer
-
-
-@dataclass(frozen=True)
-class Record:
-    kind: str  # "A" access, "F" freed, "C" capacity
-    t_ns: int
-    engine: str
-    request: str = ""
-    item: int = 0
-    modality: str = ""
-    key: str = ""
-    embeds: int = 0
-    outcome: str = ""
-    source: str = ""
-    capacity: int = 0
-
-
-def read(path: str) -> Iterator[Record]:
-    """Records in file order; malformed lines raise ValueError naming the line."""
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip() or line.startswith("#"):
-                continue
-            parts = line.rstrip("\n").split("\t")
-            try:
-                yield _parse(parts)
-            except (ValueError, IndexError):
-                raise ValueError(f"{path}:{n}: not an access-log line") from None
-
-
-def _parse(p: list[str]) -> Record:
-    if p[0] == "A" and len(p) == 10:
-        return Record("A", int(p[1]), p[2], p[3], int(p[4]), p[5], p[6], int(p[7]), p[8],
-                      "" if p[9] == "-" else p[9])
-    if p[0] == "F" and len(p) == 4:
-        return Record("F", int(p[1]), p[2], p[3])
-    if p[0] == "C" and len(p) == 4:
-        return Record("C", int(p[1]), p[2], capacity=int(p[3]))
-    raise ValueError(p[0])

@@ -50,6 +50,15 @@ class EncoderCacheStats:
     queries_by_modality: Counter = field(default_factory=Counter)
     hits_by_modality: Counter = field(default_factory=Counter)
     prefix_covered_by_modality: Counter = field(default_factory=Counter)
+    # The same in the unit the encoder's work and the cache's room are made of: an item's
+    # embeddings (the rows of its encoder output), so a 4,000-embedding video weighs what it costs.
+    query_embeds: int = 0
+    hit_embeds: int = 0
+    miss_embeds: int = 0  # what the encoder computed
+    prefix_covered_embeds: int = 0
+    hit_embeds_by_source: Counter = field(default_factory=Counter)
+    query_embeds_by_modality: Counter = field(default_factory=Counter)
+    hit_embeds_by_modality: Counter = field(default_factory=Counter)
     usage_embeds: int | None = None
     capacity_embeds: int | None = None
 
@@ -68,6 +77,10 @@ class EncoderCacheStats:
         wire.update({f"hits_by_modality:{k}": v for k, v in self.hits_by_modality.items()})
         wire.update({f"prefix_covered_by_modality:{k}": v
                      for k, v in self.prefix_covered_by_modality.items()})
+        wire.update(query_embeds=self.query_embeds, hit_embeds=self.hit_embeds,
+                    miss_embeds=self.miss_embeds, prefix_covered_embeds=self.prefix_covered_embeds)
+        for name in ("hit_embeds_by_source", "query_embeds_by_modality", "hit_embeds_by_modality"):
+            wire.update({f"{name}:{k}": v for k, v in getattr(self, name).items()})
         if self.capacity_embeds is not None:
             wire["usage_embeds"] = self.usage_embeds or 0
             wire["capacity_embeds"] = self.capacity_embeds
@@ -129,6 +142,7 @@ class EncoderCacheLedger:
         done.add(item.index)
         self._stats.prefix_covered += 1
         self._stats.prefix_covered_by_modality[item.modality] += 1
+        self._stats.prefix_covered_embeds += item.embeds
         if self.probe:
             self.probe("PREFIX_COVERED", item, None)
 
@@ -190,15 +204,21 @@ class EncoderCacheLedger:
         return loaded
 
     def _count(self, item: Item, source: str | None) -> None:
-        s = self._stats
+        s, embeds = self._stats, item.embeds
         s.queries += 1
         s.queries_by_modality[item.modality] += 1
+        s.query_embeds += embeds
+        s.query_embeds_by_modality[item.modality] += embeds
         if source is None:
             s.misses += 1
+            s.miss_embeds += embeds
         else:
             s.hits += 1
             s.hits_by_source[source] += 1
             s.hits_by_modality[item.modality] += 1
+            s.hit_embeds += embeds
+            s.hit_embeds_by_source[source] += embeds
+            s.hit_embeds_by_modality[item.modality] += embeds
         if self.probe:
             self.probe("MISS" if source is None else "HIT", item, source)
 

@@ -28,6 +28,18 @@ COUNTERS = {
                        "Multimodal items whose placeholder tokens all lay in prefix-cache hits "
                        "when their request was scheduled: encoder work avoided without an "
                        "encoder cache query (not counted as queries)."),
+    # The same outcomes in embeddings (an item's encoder-output rows): what the encoder's work
+    # and the cache's room are made of, so a large video weighs more than a thumbnail.
+    "query_embeds": ("vllm:encoder_cache_query_embeds",
+                     "Encoder cache queries, in terms of embeddings (encoder-output rows) of the "
+                     "items queried."),
+    "hit_embeds": ("vllm:encoder_cache_hit_embeds",
+                   "Encoder cache hits, in terms of embeddings the encoder did not recompute."),
+    "miss_embeds": ("vllm:encoder_cache_miss_embeds",
+                    "Embeddings the encoder computed for missed items."),
+    "prefix_covered_embeds": ("vllm:encoder_cache_prefix_covered_embeds",
+                              "Embeddings of items the prefix cache spared (no encoder cache "
+                              "query)."),
 }
 # wire key -> (name, extra label, documentation)
 LABELED = {
@@ -40,13 +52,26 @@ LABELED = {
                          "Encoder cache hits by modality, in items."),
     "prefix_covered_by_modality": ("vllm:encoder_cache_prefix_covered_by_modality", "modality",
                                    "Multimodal items spared by the prefix cache, by modality."),
+    "hit_embeds_by_source": ("vllm:encoder_cache_hit_embeds_by_source", "source",
+                             "Encoder cache hits by source, in embeddings."),
+    "query_embeds_by_modality": ("vllm:encoder_cache_query_embeds_by_modality", "modality",
+                                 "Encoder cache queries by modality, in embeddings."),
+    "hit_embeds_by_modality": ("vllm:encoder_cache_hit_embeds_by_modality", "modality",
+                               "Encoder cache hits by modality, in embeddings."),
 }
 GAUGES = {
     "usage_embeds": ("vllm:encoder_cache_usage_embeds",
                      "Encoder cache slots holding encoder outputs, in embeddings."),
     "capacity_embeds": ("vllm:encoder_cache_capacity_embeds",
                         "Encoder cache capacity, in embeddings."),
+    # the same in bytes: embeddings x the encoder output's width x its dtype's size
+    "usage_bytes": ("vllm:encoder_cache_usage_bytes",
+                    "Encoder cache occupancy in bytes of encoder outputs, as the worker holds "
+                    "them (embeddings x hidden size x dtype size)."),
+    "capacity_bytes": ("vllm:encoder_cache_capacity_bytes",
+                       "Encoder cache capacity in bytes of encoder outputs."),
 }
+BYTES_OF = {"usage_embeds": "usage_bytes", "capacity_embeds": "capacity_bytes"}
 # The EC connector's transfers, by direction: wire key "<kind>:<direction>" (seconds travel in ns).
 DIRECTIONS = ("load", "save")
 TRANSFERS = {
@@ -61,9 +86,10 @@ TRANSFERS = {
 }
 STAGE_HISTOGRAM = (
     "vllm:mm_stage_duration_seconds",
-    "Host wall time of one multimodal pipeline stage (label stage: the mmscope range name, e.g. "
-    "mm:hash:pil_image, mm:processor:hf_processor, gpu_model_runner: vit_forward). On a GPU the "
-    "encoder figure is host time and includes waiting for the device only where vLLM waits.")
+    "Duration of one multimodal pipeline stage (label stage: the mmscope range name, e.g. "
+    "mm:hash:pil_image, mm:processor:hf_processor, gpu_model_runner: vit_forward): host wall "
+    "time, except the worker's stages on an accelerator, which are device time read from "
+    "events.")
 STAGE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
                  0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -77,16 +103,19 @@ class EncoderCacheProm:
 
     def __init__(self, counter_cls, gauge_cls, histogram_cls,
                  per_engine_labelvalues: dict[int, list], modalities=(),
-                 capacity_embeds: int | None = None, ec_connector: bool = False):
+                 capacity_embeds: int | None = None, ec_connector: bool = False,
+                 bytes_per_embed: int | None = None):
         labels = ["model_name", "engine"]
         self.labelvalues = per_engine_labelvalues
+        self.bytes_per_embed = bytes_per_embed
         counters = {k: counter_cls(name=n, documentation=d, labelnames=labels)
                     for k, (n, d) in COUNTERS.items()}
         labeled = {k: counter_cls(name=n, documentation=d, labelnames=labels + [extra])
                    for k, (n, extra, d) in LABELED.items()}
         gauges = {k: gauge_cls(name=n, documentation=d, labelnames=labels,
                                multiprocess_mode="mostrecent")
-                  for k, (n, d) in GAUGES.items()}
+                  for k, (n, d) in GAUGES.items()
+                  if bytes_per_embed or k not in BYTES_OF.values()}
         self.stage_seconds = histogram_cls(
             name=STAGE_HISTOGRAM[0], documentation=STAGE_HISTOGRAM[1],
             labelnames=labels + ["stage"], buckets=STAGE_BUCKETS)
@@ -105,12 +134,14 @@ class EncoderCacheProm:
                 self._updates[(idx, key)] = metric.labels(*values).set
             for source in SOURCES:
                 self._update(idx, f"hits_by_source:{source}")
+                self._update(idx, f"hit_embeds_by_source:{source}")
             for modality in modalities:
                 for key in ("queries_by_modality", "hits_by_modality",
-                            "prefix_covered_by_modality"):
+                            "prefix_covered_by_modality", "query_embeds_by_modality",
+                            "hit_embeds_by_modality"):
                     self._update(idx, f"{key}:{modality}")
             if capacity_embeds is not None:
-                self._updates[(idx, "capacity_embeds")](capacity_embeds)
+                self._set_gauge(idx, "capacity_embeds", capacity_embeds)
             if modalities:  # a multimodal model: every stage's histogram from the start too
                 for stage in stages.TIMED_STAGES:
                     self.stage_seconds.labels(*values, stage)
@@ -134,12 +165,21 @@ class EncoderCacheProm:
             self._updates[(engine_idx, wire_key)] = found
         return found
 
+    def _set_gauge(self, engine_idx: int, key: str, embeds: int) -> None:
+        """An occupancy gauge in embeddings, and in bytes where the outputs' width is known."""
+        self._updates[(engine_idx, key)](embeds)
+        if self.bytes_per_embed:
+            self._updates[(engine_idx, BYTES_OF[key])](embeds * self.bytes_per_embed)
+
     def observe(self, wire: dict[str, int], engine_idx: int) -> None:
         if engine_idx not in self.labelvalues:
             return
         for wire_key, n in wire.items():
+            if wire_key in BYTES_OF:
+                self._set_gauge(engine_idx, wire_key, n)
+                continue
             update = self._update(engine_idx, wire_key)
-            if update is not None and (n or wire_key in GAUGES):
+            if update is not None and n:
                 update(n)
 
     def observe_stages(self, durations: dict[str, list[int]], engine_idx: int) -> None:

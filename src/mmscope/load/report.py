@@ -57,6 +57,17 @@ def ttft_ms(level: LevelResult) -> dict[str, float | None]:
             for name, values in groups.items() for q in (50, 90)}
 
 
+def embeddings(level: LevelResult) -> dict:
+    """The same outcomes weighed by embeddings, the unit of the encoder's work: the hit rate,
+    and the work saved by hits and the prefix cache together."""
+    queried, hit = level.count(series.QUERY_EMBEDS), level.count(series.HIT_EMBEDS)
+    covered = level.count(series.PREFIX_COVERED_EMBEDS)
+    return {"observed_query_embeds": queried, "observed_hit_embeds": hit,
+            "observed_prefix_covered_embeds": covered,
+            "observed_embed_hit_rate": _rate(hit, queried),
+            "observed_saved_embed_rate": _rate(hit + covered, queried + covered)}
+
+
 def level_json(level: LevelResult) -> dict:
     plan, seen, verdict = level.plan, level.observed, level.verdict
     e2e = [r.timing.e2e_s for r in level.results]
@@ -70,6 +81,7 @@ def level_json(level: LevelResult) -> dict:
         "observed_prefix_covered": seen.prefix_covered,
         # encoder work avoided per item sent: hits and prefix-covered items alike
         "observed_avoided_rate": _rate(seen.avoided, plan.images),
+        **embeddings(level),
         "hits_by_source": {s: level.count(series.by_source(s)) for s in series.HIT_SOURCES},
         "deferrals": level.count(series.DEFERRALS), "evictions": seen.evictions,
         "capacity_embeds": level.capacity_embeds, "embeds_per_image": level.embeds_per_image,
@@ -155,7 +167,8 @@ def _main_table(rows: list[dict]):
 
     table = Table()
     for name in ("reuse", "requests", "images", "planned hits", "queries", "hits",
-                 "prefix covered", "hit rate (plan)", "avoided", "TTFT repeat p50/p90 ms",
+                 "prefix covered", "hit rate (plan)", "embeds hit", "avoided",
+                 "embeds saved", "TTFT repeat p50/p90 ms",
                  "TTFT new p50/p90 ms", "req/s"):
         table.add_column(name, justify="right")
     for r in rows:
@@ -164,7 +177,8 @@ def _main_table(rows: list[dict]):
                       str(r["planned_hits"]), str(r["observed_queries"]), str(r["observed_hits"]),
                       str(r["observed_prefix_covered"]),
                       f"{_percent(r['observed_hit_rate'])} ({_percent(r['planned_hit_rate'])})",
-                      _percent(r["observed_avoided_rate"]),
+                      _percent(r["observed_embed_hit_rate"]), _percent(r["observed_avoided_rate"]),
+                      _percent(r["observed_saved_embed_rate"]),
                       _pair(t["repeat_p50"], t["repeat_p90"]), _pair(t["new_p50"], t["new_p90"]),
                       _num(r["throughput_rps"], "{:.2f}"))
     return table

@@ -15,10 +15,15 @@ DEFERRALS = "encoder_cache_deferrals"
 EVICTIONS = "encoder_cache_evictions"
 PREFIX_COVERED = "encoder_cache_prefix_covered"
 HITS_BY_SOURCE = "encoder_cache_hits_by_source"
+# the same in embeddings: what the encoder's work is made of
+QUERY_EMBEDS = "encoder_cache_query_embeds"
+HIT_EMBEDS = "encoder_cache_hit_embeds"
+PREFIX_COVERED_EMBEDS = "encoder_cache_prefix_covered_embeds"
 HIT_SOURCES = SOURCES
 CAPACITY = "encoder_cache_capacity_embeds"
 USAGE = "encoder_cache_usage_embeds"
-COUNTERS = (QUERIES, HITS, MISSES, DEFERRALS, EVICTIONS, PREFIX_COVERED)
+COUNTERS = (QUERIES, HITS, MISSES, DEFERRALS, EVICTIONS, PREFIX_COVERED, QUERY_EMBEDS, HIT_EMBEDS,
+            PREFIX_COVERED_EMBEDS)
 GAUGES = (CAPACITY, USAGE)
 
 # vLLM's own caches beside it: the processor cache (items) and the prefix cache (tokens).

@@ -9,6 +9,7 @@ import weakref
 from mmscope.carry import access_log, ttft
 from mmscope.carry.ledger import EncoderCacheLedger, Item, probe_line
 from mmscope.log import logger
+from mmscope.vllm.encoder_outputs import bytes_per_embedding
 
 PROBE_ENV = "VLLM_MM_CACHE_PROBE"
 
@@ -20,10 +21,10 @@ def probe_enabled() -> bool:
 class EngineState:
     """The ledger, the stage durations a worker process sent, when the counts last went out."""
 
-    def __init__(self, manager):
+    def __init__(self, manager, bytes_per_embed: int = 0):
         log_access = access_log.writer()
         if log_access is not None:
-            log_access.capacity(manager.cache_size)
+            log_access.capacity(manager.cache_size, bytes_per_embed)
         self.access_log = log_access
         self.ledger = EncoderCacheLedger(probe=_sink(probe_enabled(), log_access))
         self.worker_durations: dict[str, list[int]] = {}
@@ -36,10 +37,13 @@ class EngineState:
 _states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def state_of(manager) -> EngineState:
+def state_of(manager, model_config=None) -> EngineState:
+    """The manager's state, made on first use; with the model's config (at the scheduler's start)
+    the access log's capacity line also gives the bytes of one embedding."""
     state = _states.get(manager)
     if state is None:
-        state = _states[manager] = EngineState(manager)
+        per_embed = bytes_per_embedding(model_config) if model_config is not None else 0
+        state = _states[manager] = EngineState(manager, per_embed)
     return state
 
 

@@ -132,7 +132,8 @@ def scheduler_created(wrapped, scheduler, args, kwargs):
     result = wrapped(*args, **kwargs)
     try:
         WORKER.collected_in_process = True
-        state_of(scheduler.encoder_cache_manager)  # the access log's capacity line, at start
+        # the access log's capacity line, at start
+        state_of(scheduler.encoder_cache_manager, scheduler.vllm_config.model_config)
     except Exception as e:  # noqa: BLE001
         failed("scheduler.created", e)
     return result

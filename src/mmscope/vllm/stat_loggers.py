@@ -13,6 +13,7 @@ from mmscope.emit.stage_timer import FRONTEND, merge
 from mmscope.expose.metrics import EncoderCacheProm
 from mmscope.expose.ttft import TtftProm
 from mmscope.vllm import request_times
+from mmscope.vllm.encoder_outputs import bytes_per_embedding
 from mmscope.vllm.patching import failed
 
 # vLLM's logger objects -> ours, weakly: mmscope adds no attributes to vLLM's objects.
@@ -28,7 +29,8 @@ def prometheus_created(wrapped, prom_logger, args, kwargs):
         _prom[prom_logger] = EncoderCacheProm(
             prom_logger._counter_cls, prom_logger._gauge_cls, prom_logger._histogram_cls,
             prom_logger.per_engine_labelvalues, modalities, capacity,
-            ec_connector=_has_ec_connector(prom_logger.vllm_config))
+            ec_connector=_has_ec_connector(prom_logger.vllm_config),
+            bytes_per_embed=bytes_per_embedding(prom_logger.vllm_config.model_config))
         request_times.HISTOGRAMS[:] = [
             TtftProm(prom_logger._histogram_cls, prom_logger.per_engine_labelvalues)
         ] if modalities and ttft.enabled() else []
