@@ -2,6 +2,9 @@
 per-stage duration histograms on /metrics, under both model runners."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import httpx
@@ -97,3 +100,16 @@ def test_probe_lines_in_the_engine_log_agree_with_the_counters(traced_server):
     assert log.count("mm_cache_probe HIT") == counts["vllm:encoder_cache_hits"]
     assert log.count("mm_cache_probe MISS") == counts["vllm:encoder_cache_misses"]
     assert "Unknown vLLM environment variable detected: VLLM_MM_CACHE_PROBE" not in log
+
+
+def test_the_servers_trace_passes_every_check_of_the_analyzer(traced_server):
+    """What the server's processes wrote while serving, read by `mmscope analyze`: every check
+    ok, every step's step_meta joined with its forward, on either runner."""
+    chat(traced_server.url, traced_server.model, [870], "Analyzed?")
+    time.sleep(1.5)  # the chrome files are appended to every half second
+    done = subprocess.run([sys.executable, "-m", "mmscope.cli", "analyze", "--json", "--no-cache",
+                           str(traced_server.trace_dir)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert all(c["ok"] for c in doc["checks"]), doc["checks"]
+    assert doc["steps"]["pairs"] == doc["steps"]["forwards"] > 0

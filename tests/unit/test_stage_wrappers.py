@@ -169,6 +169,65 @@ def test_the_encoder_forward_is_one_vit_forward_range_per_encoder_batch(tmp_path
     assert counts(WORKER) == {stages.VIT_FORWARD: 1}
 
 
+# --- the encoder forward under Model Runner V2 ---------------------------------------------------
+class TinyEncoder:
+    """A model's embed_multimodal: one output per item of the batch."""
+
+    def embed_multimodal(self, **batch):
+        return [f"embedding of {item}" for item in batch["items"]]
+
+
+def bare_encoder_runner():
+    """V2's EncoderRunner without a model runner: timed_encoder_operation with timing off (vLLM's
+    default) only yields; the model's method is wrapped as the runner's load_model wraps it."""
+    from vllm.v1.worker.gpu.mm.encoder_runner import EncoderRunner
+
+    encoder = object.__new__(EncoderRunner)
+    encoder.enable_timing, encoder.model = False, TinyEncoder()
+    patching.wrap_instance(encoder.model, "embed_multimodal", worker_stages.encoder_batch)
+    return encoder
+
+
+def test_v2_encoder_batches_are_vit_forward_only_inside_a_steps_encoder_operation(tmp_path):
+    """V2 runs a step's batches inside one timed_encoder_operation; its warm-up
+    (profile_encoder_cache) calls the model outside any: no range, no sample."""
+    encoder = bare_encoder_runner()
+    tracing.configure("chrome", str(tmp_path))
+    with applied("ranges.vit_forward.v2"):
+        assert encoder.model.embed_multimodal(items=[0]) == ["embedding of 0"]  # warm-up
+        with encoder.timed_encoder_operation(["r1", "r2"]) as block:
+            assert block is None
+            for batch in ([1, 2], [3]):  # two batches: two modalities, say
+                assert encoder.model.embed_multimodal(items=batch) == [
+                    f"embedding of {i}" for i in batch]
+        with pytest.raises(RuntimeError, match="encoder failed"):
+            with encoder.timed_encoder_operation(["r3"]):
+                raise RuntimeError("encoder failed")  # vLLM's own error inside the block
+        encoder.model.embed_multimodal(items=[4])  # outside again
+    assert counts(WORKER) == {stages.VIT_FORWARD: 2}
+    assert traced_names(tmp_path) == [stages.VIT_FORWARD] * 2
+
+
+@pytest.mark.parametrize("hook_name, drafter_call", [
+    ("ranges.gather_mm_embeddings", {"shift_computed_tokens": 1}),
+    ("ranges.gather_mm_embeddings.v2", {"draft_lookahead": 1})])
+def test_the_drafters_gather_is_not_the_stage(tmp_path, hook_name, drafter_call):
+    """Speculative decoding's drafter gathers one token ahead: not the step's stage."""
+    hook = next(h for h in targets.range_hooks() if h.name == hook_name)
+    seen = []
+
+    def gather(*args, **kwargs):
+        seen.append(kwargs)
+        return ["embedding"], "mask"
+    wrapper = hook.wrapper
+    tracing.configure("chrome", str(tmp_path))
+    assert wrapper(gather, None, (), drafter_call) == (["embedding"], "mask")
+    assert not WORKER.pending
+    wrapper(gather, None, (), {})
+    assert counts(WORKER) == {stages.GATHER_MM_EMBEDDINGS: 1} and len(seen) == 2
+    assert traced_names(tmp_path) == [stages.GATHER_MM_EMBEDDINGS]
+
+
 # --- timed methods -----------------------------------------------------------------------------
 class Runner:
     def _gather_mm_embeddings(self, scheduler_output, scale=1):
