@@ -193,6 +193,24 @@ def test_the_stats_line_gets_the_work_the_prefix_cache_spared(vllm_config, metri
     assert s[("vllm:encoder_cache_queries_total", "0", None)] == 1
 
 
+def test_the_warm_up_is_no_traffic_for_the_stage_histogram(vllm_config, metrics_hooks):
+    """vLLM's warm-up and profile runs hash and process dummy items for no request
+    (BaseMultiModalProcessor.get_dummy_mm_inputs): no stage durations; a real input has them."""
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    from tests.kit.engine import image
+
+    processor = MULTIMODAL_REGISTRY.create_processor(vllm_config.model_config)
+    FRONTEND.drain()
+    processor.get_dummy_mm_inputs({"image": 2})
+    assert not FRONTEND.pending
+    processor("<s>user: <image>What is this?\nassistant:",
+              processor.info.parse_mm_data({"image": image(1)}))
+    timed = FRONTEND.drain()
+    assert len(timed[stages.hash_range("pil_image")]) == 1
+    assert len(timed[stages.processor_range("apply_hf_processor")]) == 1
+
+
 def test_stage_durations_of_both_processes_reach_the_histogram(vllm_config, metrics_hooks):
     mgr = manager(vllm_config)
     FRONTEND.record("mm:hash:pil_image", 4_000)  # timed in this (the API server's) process
