@@ -1,5 +1,7 @@
-"""Accounting through the real OpenAI server (multiprocess: EngineCore -> API server transport),
-with only the plugin installed: /metrics counters, the stats log line, no probe lines by default."""
+"""Accounting through the real OpenAI server that the README's quick start starts (multiprocess:
+EngineCore -> API server transport), with only the plugin installed: the quick start's request
+and the output it shows, /metrics counters, the stats log line, no warm-up in the stage
+histograms, no probe lines by default."""
 from __future__ import annotations
 
 import time
@@ -7,20 +9,37 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from mmscope.demo.serve import VllmServer
-from tests.kit.server import chat, metrics
+from mmscope import stages
+from tests.kit import readme
+from tests.kit.server import chat, histograms, metrics
 
 pytestmark = pytest.mark.vllm
 
 KEYS = ("encoder_cache_queries", "encoder_cache_hits", "encoder_cache_misses")
+STAGE_HISTOGRAM = "mm_stage_duration_seconds"
+
+
+def stage_counts(url: str) -> dict[str, float]:
+    prefix = STAGE_HISTOGRAM + "_count{stage="
+    return {k[len(prefix):-1]: v for k, v in histograms(url, STAGE_HISTOGRAM).items()
+            if k.startswith(prefix)}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "vllm.log"
-    # Stats line every second instead of every ten, so the test sees it quickly.
-    with VllmServer(tiny_model, str(log), env={"VLLM_LOG_STATS_INTERVAL": "1"}) as srv:
-        yield srv
+def quick_start(tiny_model, tmp_path_factory):
+    """The README's quick-start server; its stage histograms read before any request. Stats
+    line every second instead of every ten, so the tests see it quickly."""
+    section = readme.Section("quick-start", tiny_model, tmp_path_factory.mktemp("quick-start"),
+                             env={"VLLM_LOG_STATS_INTERVAL": "1"})
+    with section:
+        server = section.serve()
+        section.stages_at_start = stage_counts(server.url)
+        yield section
+
+
+@pytest.fixture(scope="module")
+def server(quick_start):
+    return quick_start.server
 
 
 def delta(server, fn):
@@ -28,6 +47,19 @@ def delta(server, fn):
     fn()
     after = metrics(server.url)
     return tuple(int(after.get(k, 0) - before.get(k, 0)) for k in KEYS), after
+
+
+def test_the_quick_start_request_as_written_and_no_warm_up_in_the_stage_histograms(quick_start):
+    """The first traffic: vLLM's warm-up and profile runs before it hashed and processed dummy
+    images (PIL images, three of each stage) for no request; only the two real requests count."""
+    assert quick_start.stages_at_start, "the stage histogram exists from the start"
+    assert set(quick_start.stages_at_start.values()) == {0}
+    outputs = quick_start.run_rest()  # the request, then /metrics, as the README shows it
+    assert [block.lang for block, _ in outputs] == ["python", "bash"]
+    counts = stage_counts(quick_start.server.url)
+    assert counts[stages.hash_range("image_bytes")] == 2  # the data URL, twice
+    assert counts[stages.hash_range("pil_image")] == 0
+    assert counts[stages.processor_range("apply_hf_processor")] == 2
 
 
 def test_counters_exist_with_native_labels(server):
@@ -64,13 +96,31 @@ def test_concurrent_requests_share_a_new_image(server):
     assert after["encoder_cache_queries"] == after["encoder_cache_hits"] + after["encoder_cache_misses"]
 
 
+def stats_lines(server, needle: str) -> list[str]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and needle not in server.log_text():
+        time.sleep(0.5)
+    return [ln for ln in server.log_text().splitlines() if needle in ln]
+
+
 def test_stats_line_shows_encoder_hit_rate_and_no_probe_by_default(server):
     chat(server.url, server.model, [1], "Once more")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and "Encoder cache hit rate" not in server.log_text():
-        time.sleep(0.5)
-    lines = [ln for ln in server.log_text().splitlines() if "Encoder cache hit rate" in ln]
+    lines = stats_lines(server, "Encoder cache hit rate")
     assert lines, "the periodic stats line never carried the encoder hit rate"
     assert "Avg prompt throughput" in lines[-1] and lines[-1].rstrip().endswith("%")
     assert "mm_cache_probe" not in server.log_text()
     assert "Unknown vLLM environment variable detected: VLLM_MM_CACHE_PROBE" not in server.log_text()
+
+
+def test_stats_line_shows_the_encoder_work_the_prefix_cache_spared(server):
+    # The image first, then three 128-token blocks of text: each repeat finds the image's
+    # placeholders in prefix-cached blocks, and vLLM never looks the item up.
+    long = "Describe this picture in great detail, please. " * 40
+    before = metrics(server.url)
+    for _ in range(3):
+        chat(server.url, server.model, [60], long)
+    after = metrics(server.url)
+    assert after["encoder_cache_prefix_covered"] - before.get("encoder_cache_prefix_covered", 0) == 2
+    lines = stats_lines(server, "Encoder work avoided")
+    assert lines, "the stats line never said how much encoder work the prefix cache spared"
+    assert lines[-1].rstrip().endswith("% of items")

@@ -281,7 +281,21 @@ def test_a_prefix_covered_item_is_not_counted_again_by_a_later_chunk():
     led.propose(item("a", 0), D.LOCAL_HIT)
     led.commit_step({"a": 8}, {})
     s = led.drain()
-    assert (s.prefix_covered, s.queries, s.hits, s.requests) == (1, 0, 0, 0)
+    assert (s.prefix_covered, s.queries, s.hits, s.requests) == (1, 0, 0, 1)
+
+
+def test_requests_are_those_that_sent_items_once_per_step_queried_or_prefix_covered():
+    """The unit of the stats line's windows: vLLM's CachingMetrics drops an observation of no
+    requests, so a step whose only items were prefix-covered must still count its request."""
+    led = EncoderCacheLedger()
+    led.prefix_covered(item("a", 0))  # covered only
+    led.prefix_covered(item("b", 0))  # covered and queried: one request
+    led.propose(item("b", 1), D.COMPUTE)
+    led.propose(item("c", 0), D.LOCAL_HIT)  # queried only
+    led.commit_step({"a": 4, "b": 4, "c": 4}, {"b": [1]})
+    assert led.drain().requests == 3
+    led.commit_step({"a": 1}, {})  # a later step of nothing new
+    assert led.drain().requests == 0
 
 
 def test_prefix_covered_again_after_forget():

@@ -26,9 +26,11 @@ ROWS = [
     # demo
     ("demo --out {file}/demo", "{file}"),
     ("demo --out /proc/mmscope-demo", "/proc"),
+    ("demo --out {tmp}/missing/demo", "folder does not exist: {tmp}/missing"),
     # tiny-model
     ("tiny-model {file}", "is not a directory"),
     ("tiny-model {file}/model", "{file}"),
+    ("tiny-model {tmp}/missing/model --env", "folder does not exist: {tmp}/missing"),
     ("tiny-model /proc/tiny-model", "/proc"),
     ("tiny-model --seed x {tmp}/model", "--seed"),
     # doctor
@@ -52,6 +54,9 @@ ROWS = [
     ("record --linger x -o {tmp}/r.sqlite -- true", "--linger"),
     ("record -o {file}/r.sqlite -- true", "{file}"),
     ("record -o /proc/r.sqlite -- true", "/proc"),
+    ("record --spool-dir {tmp}/missing/spool -o {tmp}/r.sqlite -- true",
+     "--spool-dir {tmp}/missing/spool: folder does not exist"),
+    ("record --spool-dir {file} -o {tmp}/r.sqlite -- true", "is not a folder"),
     # load: URLs that name no server, numbers out of range, an unreachable server, a bad plot path
     ("load --url http://127.0.0.1:99999", "port 99999 is out of range (1-65535)"),
     ("load --url http://127.0.0.1:0", "port 0 is out of range"),
@@ -155,6 +160,7 @@ def test_bad_input_is_one_line(argv, fragment, places, tmp_path):
     done = mmscope(*[part.format(**fill) for part in shlex.split(argv)],
                    cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
     assert_one_line_error(done, fragment.format(**fill))
+    assert not (tmp_path / "missing").exists()  # no command makes the folders above a path
 
 
 def test_every_command_has_bad_input_rows():

@@ -102,3 +102,27 @@ def test_frames_of_another_size_are_resized_to_whole_merged_patches():
     out = processor([frames], video_metadata=[metadata])
     assert out["video_grid_thw"].tolist() == [[2, 4, 4]]  # 3 frames padded to 4; 60 -> 56 pixels
     assert out["pixel_values_videos"].shape == (32, 3 * 2 * 14 * 14)
+
+
+def test_a_model_import_that_needs_torchvision_is_logged_with_the_fix():
+    """vLLM logs the failed import with its exception (tests/engine/test_readme.py: end to end)."""
+    import logging
+    import sys
+
+    from mmscope.vllm import import_hint
+
+    try:
+        raise RuntimeError("Error raised in subprocess:\n... No module named 'torchvision'")
+    except RuntimeError:
+        exc_info = sys.exc_info()
+    logger = logging.getLogger(import_hint.REGISTRY_LOGGER)
+    failed = logger.makeRecord(logger.name, logging.ERROR, __file__, 1,
+                               "Error in inspecting model architecture '%s'", ("Llava",), exc_info)
+    other = logger.makeRecord(logger.name, logging.ERROR, __file__, 1, "Error in %s", ("x",),
+                              (ValueError, ValueError("no"), None))
+    hint = import_hint.TorchvisionHint()
+    assert hint.filter(failed) and hint.filter(other)
+    assert failed.getMessage().startswith("Error in inspecting model architecture 'Llava'\n"
+                                          "mmscope: this model file needs torchvision")
+    assert environment.STARTUP_DIR in failed.getMessage()
+    assert other.getMessage() == "Error in x"

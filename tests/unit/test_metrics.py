@@ -193,6 +193,40 @@ def test_the_stats_line_gets_the_work_the_prefix_cache_spared(vllm_config, metri
     assert s[("vllm:encoder_cache_queries_total", "0", None)] == 1
 
 
+def test_the_stats_line_says_so_whenever_the_prefix_cache_spared_items(vllm_config, metrics_hooks):
+    """Prefix-covered items alone (vLLM's CachingMetrics ignores an observation of no requests),
+    and beside a hit rate of 100%, whose line the avoided share would otherwise repeat."""
+    mgr = manager(vllm_config)
+    ledger = EncoderCacheLedger()
+    ledger.prefix_covered(Item("r", 0, "image", "k0", 16))
+    ledger.commit_step({"r"}, {})
+    record(mgr, stats_with(ledger.drain().to_wire()))
+    line = stats_line(mgr)
+    assert line.endswith(", Encoder work avoided: 100.0% of items")
+    assert "Encoder cache hit rate" not in line  # no query in the window
+    record(mgr, stats_with(wire((1, Decision.LOCAL_HIT))))
+    assert stats_line(mgr).endswith(
+        ", Encoder cache hit rate: 100.0%, Encoder work avoided: 100.0% of items")
+
+
+def test_the_warm_up_is_no_traffic_for_the_stage_histogram(vllm_config, metrics_hooks):
+    """vLLM's warm-up and profile runs hash and process dummy items for no request
+    (BaseMultiModalProcessor.get_dummy_mm_inputs): no stage durations; a real input has them."""
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    from tests.kit.engine import image
+
+    processor = MULTIMODAL_REGISTRY.create_processor(vllm_config.model_config)
+    FRONTEND.drain()
+    processor.get_dummy_mm_inputs({"image": 2})
+    assert not FRONTEND.pending
+    processor("<s>user: <image>What is this?\nassistant:",
+              processor.info.parse_mm_data({"image": image(1)}))
+    timed = FRONTEND.drain()
+    assert len(timed[stages.hash_range("pil_image")]) == 1
+    assert len(timed[stages.processor_range("apply_hf_processor")]) == 1
+
+
 def test_stage_durations_of_both_processes_reach_the_histogram(vllm_config, metrics_hooks):
     mgr = manager(vllm_config)
     FRONTEND.record("mm:hash:pil_image", 4_000)  # timed in this (the API server's) process

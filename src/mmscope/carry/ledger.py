@@ -38,7 +38,9 @@ class Item(NamedTuple):
 class EncoderCacheStats:
     """Counts since the last drain, plus the cache's occupancy at the end of the last step."""
 
-    requests: int = 0  # requests that committed at least one item (the window unit of the hit rate)
+    # requests that committed an item or had one prefix-covered, once per step: the window unit
+    # of the stats line's rates (vLLM's CachingMetrics drops an observation of no requests)
+    requests: int = 0
     queries: int = 0
     hits: int = 0
     misses: int = 0
@@ -101,6 +103,7 @@ class EncoderCacheLedger:
         self._proposals: dict[str, dict[int, tuple[Item, Decision]]] = {}
         self._committed: dict[str, set[int]] = defaultdict(set)
         self._keys_allocated_this_step: set[str] = set()
+        self._covered_this_step: set[str] = set()  # requests with an item prefix-covered
         self._drained_occupancy: tuple[int | None, int | None] = (None, None)
         # Items the EC connector loads in the step just committed (their requests' EC-load share)
         self.loaded: list[Item] = []
@@ -140,6 +143,7 @@ class EncoderCacheLedger:
         if item.index in done:
             return
         done.add(item.index)
+        self._covered_this_step.add(item.request_id)
         self._stats.prefix_covered += 1
         self._stats.prefix_covered_by_modality[item.modality] += 1
         self._stats.prefix_covered_embeds += item.embeds
@@ -156,16 +160,20 @@ class EncoderCacheLedger:
     def commit_step(self, scheduled: set[str] | dict, computed: dict[str, list[int]]) -> None:
         """`scheduled`: the step's scheduled request ids; `computed`: items the encoder runs."""
         step_keys, self._keys_allocated_this_step = self._keys_allocated_this_step, set()
+        sending, self._covered_this_step = self._covered_this_step, set()
         for request_id, looked in self._proposals.items():
             decisions = [looked[i] for i in sorted(looked)] if len(looked) > 1 else looked.values()
             if request_id in scheduled:
-                self._commit_request(request_id, decisions, set(computed.get(request_id, ())),
-                                     step_keys)
+                if self._commit_request(request_id, decisions,
+                                        set(computed.get(request_id, ())), step_keys):
+                    sending.add(request_id)
             else:
                 self._count_deferrals(decisions)
         self._proposals.clear()
+        self._stats.requests += len(sending)
 
-    def _commit_request(self, request_id, decisions, computed: set[int], step_keys) -> None:
+    def _commit_request(self, request_id, decisions, computed: set[int], step_keys) -> bool:
+        """Whether the request committed an item."""
         done = self._committed[request_id]
         committed_any = False
         for item, decision in decisions:
@@ -196,8 +204,7 @@ class EncoderCacheLedger:
                     self._count(item, decision.value)
                 done.add(item.index)
                 committed_any = True
-        if committed_any:
-            self._stats.requests += 1
+        return committed_any
 
     def take_loaded(self) -> list[Item]:
         loaded, self.loaded = self.loaded, []

@@ -42,9 +42,12 @@ def run(args) -> int:
 
 
 def _out_folder(path: str) -> str:
+    """The folder the user named, made if absent; never the folders above it."""
     out = os.path.abspath(path)
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserError(f"--out {out} exists and is not a folder")
+    if not os.path.exists(os.path.dirname(out)):
+        raise UserError(f"--out {out}: folder does not exist: {os.path.dirname(out)}")
     try:
         os.makedirs(os.path.join(out, "traces"), exist_ok=True)
     except OSError as e:
@@ -65,10 +68,14 @@ def _recorder_available() -> bool:
 def _run_workload(out: str, model: str, arch: str, status) -> str:
     """The workload in a child process: under `mmscope record` (NVTX -> nsys-schema SQLite) when
     the recorder is built, always with the chrome backend too (a Perfetto-ready trace), the access
-    log and the opt-in TTFT split on."""
+    log and the opt-in TTFT split on. The tiny model's environment reaches every process of it,
+    vLLM's model inspection subprocess too."""
+    from mmscope.demo import environment
+
     env = dict(os.environ, MMSCOPE_TRACE_DIR=os.path.join(out, "traces"), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-               MMSCOPE_ACCESS_LOG=os.path.join(out, "access.log"), MMSCOPE_TTFT_PARTS="1")
+               MMSCOPE_ACCESS_LOG=os.path.join(out, "access.log"), MMSCOPE_TTFT_PARTS="1",
+               **environment.server_environment(os.environ.get("PYTHONPATH")))
     for stale in ("access.log", "summary.json"):
         if os.path.exists(os.path.join(out, stale)):
             os.remove(os.path.join(out, stale))

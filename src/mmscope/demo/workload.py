@@ -1,4 +1,5 @@
-"""The workload `mmscope demo` runs in a child process: vLLM CPU, in-process, with the plugin.
+"""The workload `mmscope demo` runs in a child process: vLLM CPU, in-process, with the plugin
+(the tiny model's environment comes with the process: `environment.server_environment`).
 
 Per model family, a scripted sequence of reuse, several items per request and text-only requests;
 writes summary.json and prints `PROGRESS <text>` lines for the parent.
@@ -103,10 +104,8 @@ def ttft_parts(metrics) -> dict[str, dict[str, float]]:
 
 def main(out_dir: str, model: str, arch: str = "llava") -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from mmscope.demo import environment
     from mmscope.demo.tiny_model import family
 
-    environment.install()
     fam = family(arch)
     progress("starting vLLM CPU with the mmscope plugin")
     from vllm import LLM, SamplingParams

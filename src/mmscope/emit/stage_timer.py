@@ -111,8 +111,16 @@ class StageCollector:
         return drained
 
 
+class UncountedCollector(StageCollector):
+    """Where the durations of work done for no request go (vLLM's warm-up): nowhere."""
+
+    def record(self, stage: str, duration_ns: int) -> None:
+        pass
+
+
 FRONTEND = StageCollector()  # API server: hashing, processor stages
 WORKER = StageCollector()  # model runner: encoder forward, EC transfer, gather, embed
+UNCOUNTED = UncountedCollector()
 
 ENABLED = os.environ.get("MMSCOPE_STAGE_METRICS", "1").strip() not in ("0", "false", "no")
 

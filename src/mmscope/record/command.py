@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="overwrite the output file if it exists (otherwise that is an error, "
                              "reported before the command runs)")
     parser.add_argument("--spool-dir", metavar="DIR",
-                        help="folder for the per-process spool files (default: a hidden temporary "
-                             "folder beside the output)")
+                        help="an existing folder in which the per-process spool files get a "
+                             "temporary folder (default: the output's folder)")
     parser.add_argument("--keep-spool", action="store_true", help="keep the spool files afterwards")
     parser.add_argument("--linger", default="5", metavar="SECONDS",
                         help="after the command exits, how long to wait for processes it left in "
@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     linger = _linger_seconds(args.linger)
     executable = _resolve(command[0])
     output = _check_output(args.output, args.force)
+    if args.spool_dir is not None:
+        _check_spool_dir(args.spool_dir)
     from mmscope.record import native_library
 
     library = native_library("_nvtx_inject")
@@ -92,12 +94,19 @@ def _check_output(path: str, force: bool) -> str:
     return path
 
 
+def _check_spool_dir(path: str) -> None:
+    """Like -o's folder: one that exists; mmscope makes no folders above what it was given."""
+    if not os.path.exists(path):
+        raise UserError(f"--spool-dir {path}: folder does not exist")
+    if not os.path.isdir(path):
+        raise UserError(f"--spool-dir {path}: is not a folder")
+
+
 def _make_spool(spool_dir: str | None, output: str) -> str:
     import tempfile
 
     parent = spool_dir or os.path.dirname(output)
     try:
-        os.makedirs(parent, exist_ok=True)
         return tempfile.mkdtemp(prefix=".mmscope-spool-", dir=parent)
     except OSError as e:
         raise UserError(f"cannot create a spool folder in {parent}: {e.strerror}") from None

@@ -17,11 +17,13 @@ def register() -> None:
     if _registered_pid == os.getpid():
         return
     _registered_pid = os.getpid()
+    from mmscope.vllm import import_hint
     from mmscope.vllm.instrumentor import get_instrumentor
 
     if os.environ.get("MMSCOPE_DISABLE", "0") not in ("", "0"):
         logger.info("mmscope: MMSCOPE_DISABLE is set; no hooks applied")
         return
+    import_hint.install()
     try:
         get_instrumentor().instrument()
     except Exception as e:  # noqa: BLE001 - a broken plugin must not stop vLLM from starting

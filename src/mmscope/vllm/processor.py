@@ -1,15 +1,17 @@
 """API-server wrappers: one range per hashed item and per processor stage (the `mm:*` ranges).
 
-Each times exactly the vLLM call it wraps; the durations feed `vllm:mm_stage_duration_seconds`.
+Each times exactly the vLLM call it wraps; the durations feed `vllm:mm_stage_duration_seconds`,
+except those of vLLM's warm-up and profile runs, which are no traffic.
 """
 from __future__ import annotations
 
 import functools
+import threading
 import time
 
 from mmscope import stages
 from mmscope.emit import tracing
-from mmscope.emit.stage_timer import ENABLED, FRONTEND, timed_stage
+from mmscope.emit.stage_timer import ENABLED, FRONTEND, UNCOUNTED, timed_stage
 from mmscope.vllm.patching import failed
 
 # hash_kwargs' keyword arguments that are not the item itself
@@ -58,6 +60,27 @@ def _hash_range(kwargs: dict) -> str:
     return stages.hash_range(hash_branch(items[0]) if len(items) == 1 else "mixed")
 
 
+# Set on the thread that runs vLLM's warm-up or profile run (docs/design.md §5 "warm-up").
+_warm_up = threading.local()
+
+
+def dummy_inputs_made(wrapped, processor, args, kwargs):
+    """BaseMultiModalProcessor.get_dummy_mm_inputs is where every warm-up and profile run of
+    vLLM gets its multimodal inputs (the API server's renderer warm-up, the encoder budget,
+    EngineCore's profile run): the hashing and processor stages inside it are timed for no
+    request, so they stay out of the stage histogram. Their ranges are still traced."""
+    _warm_up.on = True
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _warm_up.on = False
+
+
+def _collector():
+    """Where a stage's duration goes: FRONTEND, or nowhere during a warm-up."""
+    return UNCOUNTED if getattr(_warm_up, "on", False) else FRONTEND
+
+
 def item_hashed(wrapped, cls, args, kwargs):
     """MultiModalHasher.hash_kwargs consumes serialize_item's lazy byte generator before it
     returns, so a range around the call covers the serialization, not only the call."""
@@ -66,15 +89,16 @@ def item_hashed(wrapped, cls, args, kwargs):
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
         failed("ranges.hash", e)
         return wrapped(*args, **kwargs)
+    collector = _collector()
     if tracing.on:
-        with timed_stage(name, FRONTEND):
+        with timed_stage(name, collector):
             return wrapped(*args, **kwargs)
     t0 = time.perf_counter_ns()
     try:
         return wrapped(*args, **kwargs)
     finally:
         if ENABLED:
-            FRONTEND.record(name, time.perf_counter_ns() - t0)
+            collector.record(name, time.perf_counter_ns() - t0)
 
 
 def processor_stage(wrapped, timing, args, kwargs):
@@ -82,4 +106,4 @@ def processor_stage(wrapped, timing, args, kwargs):
     With it off (`enabled` false, the default) vLLM's record() only yields: the stage timer then
     stands in for that no-op block rather than nesting it; with it on, it wraps vLLM's timer."""
     inner = wrapped(*args, **kwargs) if timing.enabled else None
-    return timed_stage(stages.processor_range(args[0]), FRONTEND, inner)
+    return timed_stage(stages.processor_range(args[0]), _collector(), inner)

@@ -106,14 +106,16 @@ def _logging_stat_logger() -> type:
 
 # --- LoggingStatLogger: the windowed rate and the log-line suffix -----------------------------
 class EncoderWindow:
-    """The windowed hit rate (vLLM's CachingMetrics, as beside the MM cache rate) and the share
-    of items sent whose encoder work was avoided, by a hit or by the prefix cache."""
+    """Windowed rates over the most recent requests (vLLM's CachingMetrics, as beside the MM
+    cache rate): the hit rate of queries; over the items sent, the share whose encoder work was
+    avoided (a hit or the prefix cache) and the share the prefix cache covered."""
 
     def __init__(self):
         from vllm.v1.metrics.stats import CachingMetrics
 
         self.hits = CachingMetrics()
         self.avoided = CachingMetrics()
+        self.covered = CachingMetrics()
 
 
 def _to_hit_rate_window(log_logger, wire: dict[str, int]) -> None:
@@ -122,14 +124,14 @@ def _to_hit_rate_window(log_logger, wire: dict[str, int]) -> None:
         window = _windows[log_logger] = EncoderWindow()
     from vllm.v1.metrics.stats import BaseCacheStats
 
-    covered = wire.get("prefix_covered", 0)
-    if wire.get("queries"):
-        window.hits.observe(BaseCacheStats(requests=wire["requests"], queries=wire["queries"],
-                                           hits=wire["hits"]))
-    if wire.get("queries") or covered:
-        window.avoided.observe(BaseCacheStats(requests=wire["requests"],
-                                              queries=wire.get("queries", 0) + covered,
-                                              hits=wire.get("hits", 0) + covered))
+    queries, hits = wire.get("queries", 0), wire.get("hits", 0)
+    covered, requests = wire.get("prefix_covered", 0), wire.get("requests", 0)
+    if queries:
+        window.hits.observe(BaseCacheStats(requests=requests, queries=queries, hits=hits))
+    if queries or covered:
+        sent = queries + covered
+        window.avoided.observe(BaseCacheStats(requests=requests, queries=sent, hits=hits + covered))
+        window.covered.observe(BaseCacheStats(requests=requests, queries=sent, hits=covered))
 
 
 _logging_now = threading.local()
@@ -146,8 +148,9 @@ def stats_logged(wrapped, log_logger, args, kwargs):
 
 
 class EncoderHitRateFilter(logging.Filter):
-    """Appends `Encoder cache hit rate: X.X%` (and the encoder work avoided per item sent, where
-    the prefix cache spared some) to the stats line of the logger whose log() is running."""
+    """Appends `Encoder cache hit rate: X.X%` (and the encoder work avoided per item sent, while
+    the window holds items the prefix cache spared) to the stats line of the logger whose log()
+    is running."""
 
     MARKER = "Avg prompt throughput"
 
@@ -162,7 +165,7 @@ class EncoderHitRateFilter(logging.Filter):
         if not window.hits.empty:
             record.msg += ", Encoder cache hit rate: %.1f%%"
             args += (window.hits.hit_rate * 100,)
-        if not window.avoided.empty and window.avoided.hit_rate != window.hits.hit_rate:
+        if window.covered.hit_rate > 0:  # items the prefix cache spared lie in the window
             record.msg += ", Encoder work avoided: %.1f%% of items"
             args += (window.avoided.hit_rate * 100,)
         record.args = args

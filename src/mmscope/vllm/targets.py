@@ -78,6 +78,10 @@ def range_hooks() -> list[Hook]:
         # stands in for it (processor.processor_stage): check that premise on the next release.
         Hook("ranges.processor_stages", "vllm.multimodal.processing.context:TimingContext.record",
              ("self", "stage"), processor.processor_stage, "ranges", "API server"),
+        # vLLM's warm-up and profile runs: their stage durations are no traffic.
+        Hook("ranges.warm_up",
+             "vllm.multimodal.processing.processor:BaseMultiModalProcessor.get_dummy_mm_inputs",
+             ("self", "mm_counts"), processor.dummy_inputs_made, "ranges", "API server"),
         Hook("ranges.ec_connector",
              "vllm.distributed.ec_transfer.ec_connector.factory:ECConnectorFactory.create_connector",
              ("cls", "config", "role"), ws.connector_created, "ranges", "worker"),
