@@ -43,8 +43,13 @@ def load(path: str, workers: int | None = None) -> tbl.RangeTable:
                 return _load(con, path)
             finally:
                 con.close()
-    except duckdb.Error as e:
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    except (duckdb.Error, UnicodeDecodeError, SystemError) as e:
+        # A corrupt file breaks the SQLite reader, or hands back text that is no UTF-8 (which
+        # DuckDB's numpy conversion reports as a SystemError over the UnicodeDecodeError).
+        if isinstance(e, SystemError) and not isinstance(e.__context__, UnicodeDecodeError):
+            raise
+        cause = e.__context__ if isinstance(e, SystemError) else e
+        why = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         raise UserError(f"{path}: not a readable SQLite database ({why})") from None
 
 
