@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from mmscope.analyze import table as tbl
+from mmscope.analyze import torch_frames
 from mmscope.errors import UserError
 from mmscope.emit.chrome import read_events
 
@@ -73,7 +74,7 @@ def load_all(paths: list[str], label: str) -> tbl.RangeTable:
             builder.shift = shift
             for ev in events:
                 builder.add(ev)
-        return builder.table(clock)
+        return torch_frames.settle(builder.table(clock))
     except (TypeError, ValueError, OverflowError) as e:
         raise UserError(f"{label}: malformed trace event ({_first_line(e)})") from None
 

@@ -23,7 +23,8 @@ class RangeTable:
     `domains` ("" is the default domain); `thread` is nsys' globalTid (pid << 24 | tid); `parent`
     is the row index of the enclosing range or -1; `unclosed` rows had no end (their end is the
     profile's last timestamp, as nsys' own reports do); `crossing` holds the rows that overlap
-    an earlier range of their thread partly (neither contains the other: not nested, one level).
+    an earlier range of their thread partly (neither contains the other: not nested, one level);
+    `own_overlaps` those of them that overlap by their recorder's design (`torch_frames`).
     """
 
     name_id: np.ndarray
@@ -43,6 +44,7 @@ class RangeTable:
     source: str = ""
     clock: str = ""
     crossing: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    own_overlaps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
