@@ -23,7 +23,7 @@ PIPE_CLOSED_EXIT = 128 + signal.SIGPIPE
 # file, {tmp} a fresh folder, {profile} an nsys SQLite profile, {log} an access log, {port} a
 # loopback port nothing listens on; {corrupt} the profile with 200 bytes of its schema page
 # flipped, {badtext} the profile with a range name that is no UTF-8, {nonvtx} a profile whose
-# NVTX table holds no row.
+# NVTX table holds no row, {othermetrics} a /metrics page without mmscope's series.
 ROWS = [
     # demo
     ("demo --out {file}/demo", "{file}"),
@@ -49,6 +49,11 @@ ROWS = [
     ("analyze {badtext}", "not a readable SQLite database"),
     ("analyze --json {badtext}", "not a readable SQLite database"),
     ("analyze {nonvtx}", "no NVTX ranges or marks"),
+    ("analyze --metrics {tmp}/missing.txt {profile}", "no such file"),
+    ("analyze --metrics {file} {profile}", "not a Prometheus /metrics page"),
+    ("analyze --metrics {othermetrics} {profile}", "no vllm:encoder_cache_queries_total series"),
+    ("analyze --metrics http://127.0.0.1:{port}/metrics {profile}",
+     "cannot read http://127.0.0.1:{port}/metrics"),
     ("analyze --html {tmp}/r.html {nonvtx}", "no NVTX ranges or marks"),
     # compare
     ("compare {profile} {tmp}/missing.sqlite", "no such file"),
@@ -142,8 +147,10 @@ def places(tmp_path_factory) -> dict[str, str]:
                    "A\t1\t1\tr1\t0\timage\tk\t16\tMISS\t-\nF\t2\t1\tr1\n"
                    "A\t3\t1\tr2\t0\timage\tk\t16\tHIT\tlocal\nF\t4\t1\tr2\n")
     profile = nsys.pipeline_file(base / "p.sqlite")
+    other = base / "other-metrics.txt"
+    other.write_text("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n")
     return {"file": str(plain), "log": str(log), "profile": profile, "port": str(free_port()),
-            **damaged_profiles(base, profile)}
+            "othermetrics": str(other), **damaged_profiles(base, profile)}
 
 
 def damaged_profiles(base, profile: str) -> dict[str, str]:

@@ -7,14 +7,15 @@ from __future__ import annotations
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.table import RangeTable, enclosing, group_index, packed_keys, packed_order
+from mmscope.analyze.table import RangeTable, enclosing
 
 SIBLINGS = stages.PREPROCESS_SIBLINGS
 
 
-def run_all(table: RangeTable, pairs) -> list[dict]:
-    return [ranges_nest(table), vit_excludes_save(table), siblings_disjoint(table),
-            siblings_inside_preprocess(table), step_meta_joined(table, pairs)]
+def run_all(frame, pairs) -> list[dict]:
+    table = frame.table
+    return [ranges_nest(table), vit_excludes_save(table), siblings_disjoint(frame),
+            siblings_inside_preprocess(table), step_meta_joined(frame, pairs)]
 
 
 def _result(name: str, bad: int, total: int, first: str, what: str) -> dict:
@@ -51,27 +52,29 @@ def vit_excludes_save(table: RangeTable) -> dict:
     return _result(name, len(bad), len(saves), first, f"'{stages.EC_SAVE}' ranges")
 
 
-def siblings_disjoint(table: RangeTable) -> dict:
-    """No two of the preprocess children overlap on a thread (touching ends are fine): taken by
-    (thread, start, row), none starts before the latest end so far on its thread."""
+# Per thread in (start, row) order: the latest end before each range, and whose it is.
+OVERLAPS = """
+SELECT row, holder FROM (
+    SELECT row, start, max("end") OVER w AS latest, arg_max(row, "end") OVER w AS holder
+    FROM sib WINDOW w AS (PARTITION BY thread ORDER BY start, row
+                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING))
+WHERE start < latest ORDER BY start, row
+"""
+
+
+def siblings_disjoint(frame) -> dict:
+    """No two of the preprocess children overlap on a thread (touching ends are fine): none
+    starts before the latest end so far on its thread."""
+    from mmscope.analyze.steps import register
+
+    table = frame.table
     name = "preprocess children are disjoint siblings"
     rows = table.rows_named(*SIBLINGS)
     if len(rows) < 2:
         return _result(name, 0, len(rows), "", "preprocess child ranges")
-    thread = table.thread[rows]
-    g = group_index(thread, np.zeros(len(rows), np.int8))
-    ks, ke = packed_keys(g, table.start[rows], table.end[rows])
-    order = packed_order(g, ks)  # rows are in row order: ties stay by row
-    ks, ke = ks[order], ke[order]
-    # Packed keys keep each thread's ends below the next thread's starts.
-    latest = np.maximum.accumulate(ke)
-    bad = np.flatnonzero(ks[1:] < latest[:-1]) + 1
-    first = ""
-    if len(bad):
-        at = bad[np.argmin(table.start[rows[order[bad]]])]
-        holder = np.maximum.accumulate(np.where(ke == latest, np.arange(len(ke)), 0))
-        first = (f"{where(table, rows[order[at]])} overlaps "
-                 f"{where(table, rows[order[holder[at - 1]]])}")
+    register(frame.sql, "sib", table, rows)
+    bad = frame.sql.rows(OVERLAPS)
+    first = f"{where(table, bad[0][0])} overlaps {where(table, bad[0][1])}" if bad else ""
     return _result(name, len(bad), len(rows), first, "preprocess child ranges")
 
 
@@ -109,13 +112,22 @@ def siblings_inside_preprocess(table: RangeTable) -> dict:
     return _result(name, len(bad), len(rows), first, "preprocess child ranges")
 
 
-def step_meta_joined(table: RangeTable, pairs) -> dict:
-    """Every step_meta is the nearest preceding step_meta of some forward on its thread."""
-    from mmscope.analyze.steps import step_meta_rows
+def step_meta_joined(frame, pairs) -> dict:
+    """Every step_meta is the nearest preceding step_meta of some forward on its thread; the
+    last step of a thread whose forward the trace does not hold (it ends inside that step) is
+    no failure, and is counted apart."""
+    from mmscope.analyze.steps import cut_metas, step_meta_rows
 
+    table = frame.table
     name = f"every step_meta joins a '{stages.FORWARD}' on its thread"
     metas = step_meta_rows(table)[0]
     joined = pairs["meta_row"] if len(pairs) else np.zeros(0, np.int64)
-    bad = metas[~np.isin(metas, joined)]
+    unjoined = metas[~np.isin(metas, joined)]
+    cut = cut_metas(frame, unjoined)
+    bad = np.setdiff1d(unjoined, cut)
     first = where(table, bad[np.argmin(table.start[bad])]) if len(bad) else ""
-    return _result(name, len(bad), len(metas), first, "step_meta ranges")
+    result = _result(name, len(bad), len(metas), first, "step_meta ranges")
+    if len(cut):
+        result["detail"] += (f"; {len(cut)} ends its thread's trace before its forward (the "
+                             "trace was cut inside that step)")
+    return result

@@ -24,7 +24,9 @@ class RangeTable:
     is the row index of the enclosing range or -1; `unclosed` rows had no end (their end is the
     profile's last timestamp, as nsys' own reports do); `crossing` holds the rows that overlap
     an earlier range of their thread partly (neither contains the other: not nested, one level);
-    `own_overlaps` those of them that overlap by their recorder's design (`torch_frames`).
+    `own_overlaps` those of them that overlap by their recorder's design (`torch_frames`);
+    `frame` marks what a profiler recorded by itself (the torch profiler's Python functions and
+    operators), as opposed to the ranges a program named, the stages (None: no frames).
     """
 
     name_id: np.ndarray
@@ -45,6 +47,7 @@ class RangeTable:
     clock: str = ""
     crossing: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     own_overlaps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    frame: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -108,7 +111,7 @@ class RangeTable:
     def name_of(self, row: int) -> str:
         return self.names[int(self.name_id[row])]
 
-    def frame(self):
+    def data_frame(self):
         """The table as a polars DataFrame with string names (for small tables: tests, CSV)."""
         import polars as pl
 
@@ -150,7 +153,7 @@ def _canonical_index(raw: list[str], prefix=None) -> tuple[dict[str, int], np.nd
 
 def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
           domain_id=None, domains=None, thread_names=None, process_names=None,
-          source: str = "", clock: str = "", canonical=None) -> RangeTable:
+          source: str = "", clock: str = "", canonical=None, frame=None) -> RangeTable:
     """A RangeTable from loader columns; `end` < `start` marks a missing end (NULL in nsys).
     `canonical`: canonical_prefix() of the first raw names, where the loader computed it."""
     start = np.asarray(start, dtype=np.int64)
@@ -176,7 +179,7 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
         domain_id=domain_id, unclosed=unclosed, depth=depth, parent=parent, names=names,
         domains=list(domains or [""]), thread_names=dict(thread_names or {}),
         process_names=dict(process_names or {}), source=source, clock=clock,
-        crossing=crossing,
+        crossing=crossing, frame=None if frame is None else np.asarray(frame, bool),
         _cache={"index": index})  # ids_of's lookup, which profiles with many names pay for
 
 
@@ -369,23 +372,4 @@ def enclosing(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.nda
         hit = is_outer[up]
         found[pending[hit]] = up[hit]
         pending, up = pending[~hit], table.parent[up[~hit]]
-    return found
-
-
-def latest_before(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
-    """For each inner row, the outer row on the same thread that started last at or before it
-    (-1 if none): the candidate enclosing range, or the step_meta a forward joins. Of outer rows
-    that start together the last in row order wins."""
-    if len(inner) == 0 or len(outer) == 0:
-        return np.full(len(inner), NO_PARENT, dtype=np.int64)
-    import polars as pl
-
-    left = pl.DataFrame({"t": table.thread[inner], "s": table.start[inner],
-                         "i": np.arange(len(inner))}).sort("s", maintain_order=True)
-    right = pl.DataFrame({"t": table.thread[outer], "s": table.start[outer],
-                          "o": outer.astype(np.int64)}).sort("s", "o")
-    right = right.unique(["t", "s"], keep="last", maintain_order=True)
-    joined = left.join_asof(right, on="s", by="t", strategy="backward", check_sortedness=False)
-    found = np.full(len(inner), NO_PARENT, dtype=np.int64)
-    found[joined["i"].to_numpy()] = joined["o"].fill_null(NO_PARENT).to_numpy()
     return found
