@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.table import RangeTable, enclosing
+from mmscope.analyze.table import RangeTable, enclosing, group_index, packed_keys, packed_order
 
 SIBLINGS = stages.PREPROCESS_SIBLINGS
 
 
 def run_all(frame, pairs) -> list[dict]:
     table = frame.table
-    return [ranges_nest(table), vit_excludes_save(table), siblings_disjoint(frame),
+    return [ranges_nest(table), vit_excludes_save(table), siblings_disjoint(table),
             siblings_inside_preprocess(table), step_meta_joined(frame, pairs)]
 
 
@@ -52,29 +52,27 @@ def vit_excludes_save(table: RangeTable) -> dict:
     return _result(name, len(bad), len(saves), first, f"'{stages.EC_SAVE}' ranges")
 
 
-# Per thread in (start, row) order: the latest end before each range, and whose it is.
-OVERLAPS = """
-SELECT row, holder FROM (
-    SELECT row, start, max("end") OVER w AS latest, arg_max(row, "end") OVER w AS holder
-    FROM sib WINDOW w AS (PARTITION BY thread ORDER BY start, row
-                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING))
-WHERE start < latest ORDER BY start, row
-"""
-
-
-def siblings_disjoint(frame) -> dict:
-    """No two of the preprocess children overlap on a thread (touching ends are fine): none
-    starts before the latest end so far on its thread."""
-    from mmscope.analyze.steps import register
-
-    table = frame.table
+def siblings_disjoint(table: RangeTable) -> dict:
+    """No two of the preprocess children overlap on a thread (touching ends are fine): taken by
+    (thread, start, row), none starts before the latest end so far on its thread."""
     name = "preprocess children are disjoint siblings"
     rows = table.rows_named(*SIBLINGS)
     if len(rows) < 2:
         return _result(name, 0, len(rows), "", "preprocess child ranges")
-    register(frame.sql, "sib", table, rows)
-    bad = frame.sql.rows(OVERLAPS)
-    first = f"{where(table, bad[0][0])} overlaps {where(table, bad[0][1])}" if bad else ""
+    thread = table.thread[rows]
+    g = group_index(thread, np.zeros(len(rows), np.int8))
+    ks, ke = packed_keys(g, table.start[rows], table.end[rows])
+    order, ks = packed_order(g, ks)  # rows are in row order: ties stay by row
+    ke = ke[order]
+    # Packed keys keep each thread's ends below the next thread's starts.
+    latest = np.maximum.accumulate(ke)
+    bad = np.flatnonzero(ks[1:] < latest[:-1]) + 1
+    first = ""
+    if len(bad):
+        at = bad[np.argmin(table.start[rows[order[bad]]])]
+        holder = np.maximum.accumulate(np.where(ke == latest, np.arange(len(ke)), 0))
+        first = (f"{where(table, rows[order[at]])} overlaps "
+                 f"{where(table, rows[order[holder[at - 1]]])}")
     return _result(name, len(bad), len(rows), first, "preprocess child ranges")
 
 

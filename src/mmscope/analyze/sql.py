@@ -9,13 +9,20 @@ from __future__ import annotations
 import numpy as np
 
 
+# DuckDB keeps memory it freed for its next allocations, which numpy cannot use: hand it back
+# after each query instead (the analysis alternates between the two).
+RELEASE_MEMORY = {"allocator_flush_threshold": "16MiB",
+                  "allocator_bulk_deallocation_flush_threshold": "16MiB"}
+
+
 class Sql:
     """One DuckDB connection over one analysis' columns; `query` returns numpy columns."""
 
     def __init__(self, threads: int | None = None):
         import duckdb
 
-        config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+        config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                  **RELEASE_MEMORY}
         if threads is not None:
             config["threads"] = threads
         self.con = duckdb.connect(config=config)

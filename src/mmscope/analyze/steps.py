@@ -131,8 +131,8 @@ def register(sql, view: str, table: RangeTable, rows: np.ndarray) -> None:
 
 # Of step_meta ranges that start together on a thread, the last in row order is the step's.
 JOIN = """
-WITH metas AS (SELECT * FROM meta
-               QUALIFY row_number() OVER (PARTITION BY thread, start ORDER BY row DESC) = 1)
+WITH metas AS (SELECT thread, start, max(row) AS row, arg_max(name, row) AS name
+               FROM meta GROUP BY thread, start)
 SELECT f.row AS forward_row, m.row AS meta_row, f.thread, f.start, f."end" - f.start AS forward_ns,
        m.name AS meta_name
 FROM fwd f ASOF JOIN metas m ON f.thread = m.thread AND f.start >= m.start

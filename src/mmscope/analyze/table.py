@@ -219,7 +219,7 @@ def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
     """
     n = len(start)
     depth = np.zeros(n, dtype=np.int32)
-    parent = np.full(n, NO_PARENT, dtype=np.int64)
+    parent = np.full(n, NO_PARENT, dtype=position_type(n))
     if n == 0:
         return depth, parent, np.zeros(0, np.int64)
     g = group_index(thread, sub)
@@ -229,10 +229,15 @@ def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
     ke = ke_row[order]
     del ke_row
     p_sorted, crosses = _last_container(ks, ke)
-    d_sorted = _depths(p_sorted)
-    depth[order] = d_sorted
+    del ks, ke
+    depth[order] = _depths(p_sorted)
     parent[order] = _through(order, p_sorted)
-    return depth, parent, np.sort(order[crosses])
+    return depth, parent, np.sort(order[crosses]).astype(np.int64)
+
+
+def position_type(n: int):
+    """Row positions in 32 bits where they fit: half the memory and bandwidth of int64."""
+    return np.int32 if n < (1 << 31) - 1 else np.int64
 
 
 def _last_container(ks: np.ndarray, ke: np.ndarray):
@@ -246,17 +251,18 @@ def _last_container(ks: np.ndarray, ke: np.ndarray):
     that fails hands over its own candidate, or its parent once that is known. The largest end
     passed over on the way tells whether i crosses something (it ended inside i)."""
     m = len(ks)
+    at = position_type(m)
     zero = ke == ks
-    parent = np.full(m, -2, np.int64)  # -2: not known yet
+    parent = np.full(m, -2, at)  # -2: not known yet
     # Without any earlier end reaching mine there is no container at all: no jumping for those.
-    before = np.empty(m, np.int64)
-    before[0] = np.iinfo(np.int64).min
-    np.maximum.accumulate(ke[:-1], out=before[1:])
-    top = np.where(zero, before <= ke, before < ke)
+    seen = np.empty(m, np.int64)  # the largest end passed over; first: the largest before
+    seen[0] = np.iinfo(np.int64).min
+    np.maximum.accumulate(ke[:-1], out=seen[1:])
+    top = np.where(zero, seen <= ke, seen < ke)
     parent[top] = NO_PARENT
-    seen = before.copy()  # the largest end passed over, for the rows without a container
-    active = np.flatnonzero(~top)
-    cand = np.arange(-1, m - 1, dtype=np.int64)
+    active = np.flatnonzero(~top).astype(at)
+    del top
+    cand = np.arange(-1, m - 1, dtype=at)
     seen[active] = np.iinfo(np.int64).min
     while len(active):
         c = cand[active]
@@ -279,7 +285,7 @@ def _depths(parent: np.ndarray) -> np.ndarray:
     """The number of ancestors of each position, by pointer doubling over the parents."""
     depth = (parent >= 0).astype(np.int32)
     up = parent.copy()
-    live = np.flatnonzero(up >= 0)
+    live = np.flatnonzero(up >= 0).astype(parent.dtype)
     while len(live):
         a = up[live]
         depth[live] += depth[a]  # reads the round's old values: synchronous list ranking
@@ -299,15 +305,21 @@ def _through(index: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 def group_index(thread: np.ndarray, sub: np.ndarray) -> np.ndarray:
     """A dense id per (thread, sub) pair; profiles have few threads, so lookups are cheap."""
-    import polars as pl
-
-    t_keys = np.sort(pl.Series(thread).unique().to_numpy())
-    s_keys = np.sort(pl.Series(sub).unique().to_numpy())
+    t_keys, s_keys = distinct(thread), distinct(sub)
     g = np.searchsorted(t_keys, thread)
     if len(s_keys) > 1:
         g *= len(s_keys)
         g += np.searchsorted(s_keys, sub)
     return g
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """np.unique(values) without sorting them all: a value's rows come in runs (a profile
+    writes a thread's ranges together), and the distinct values are those of the runs' heads."""
+    if len(values) == 0:
+        return values[:0]
+    heads = np.flatnonzero(values[1:] != values[:-1])
+    return np.unique(np.concatenate([values[:1], values[heads + 1]]))
 
 
 def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
@@ -328,26 +340,27 @@ def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
     return (g << bits) | inverse[:len(s)], (g << bits) | inverse[len(s):]
 
 
-def packed_order(g: np.ndarray, ks: np.ndarray) -> np.ndarray:
-    """np.argsort(ks, kind="stable") for keys packed as (group, time).
+def packed_order(g: np.ndarray, ks: np.ndarray):
+    """np.argsort(ks, kind="stable") for keys packed as (group, time), and the keys in that
+    order.
 
     Profiles list each thread's ranges in start order, so a radix sort of the small group ids
     mostly sorts the keys already; the full sort runs only where it did not."""
     small = g.astype(np.int16) if len(g) and int(g.max()) < (1 << 15) else g
-    order = np.argsort(small, kind="stable")
+    order = np.argsort(small, kind="stable").astype(position_type(len(g)), copy=False)
     del small
     sk = ks[order]
     if len(sk) > 1 and (sk[1:] < sk[:-1]).any():
         # Within a group the rows are still in row order, so ties stay by row.
-        order = order[np.argsort(sk, kind="stable")]
-    return order
+        fix = np.argsort(sk, kind="stable")
+        order, sk = order[fix], sk[fix]
+    return order, sk
 
 
 def _sort_order(ks: np.ndarray, ke: np.ndarray, g: np.ndarray):
     """Rows by (group and start, end descending, row): one stable sort, then fix equal starts.
     Also the keys in that order (fixing ties moves rows only among equal keys)."""
-    order = packed_order(g, ks)
-    sk = ks[order]
+    order, sk = packed_order(g, ks)
     tied = np.flatnonzero(sk[1:] == sk[:-1])
     if len(tied):
         at = np.unique(np.concatenate([tied, tied + 1]))

@@ -67,14 +67,15 @@ def build(table: RangeTable, view: StageView, stage_of_row: np.ndarray,
     rows = np.arange(len(table)) if view.rows is None else view.rows
     of_row = np.full(len(table), -1, np.int32)
     parts = {"parent": [], "role": [], "stage": [], "depth": []}
-    order = np.argsort(view.depth, kind="stable")
+    order = np.argsort(view.depth, kind="stable").astype(np.int32 if len(rows) < 1 << 31
+                                                          else np.int64)
     bounds = np.searchsorted(view.depth[order], np.arange(int(view.depth.max(initial=0)) + 2))
     made = 0
     for depth in range(len(bounds) - 1):
         at = order[bounds[depth]:bounds[depth + 1]]
         above = role_of_row[at] if depth == 0 else of_row[view.parent[at]]
         key = above.astype(np.int64) * n_stages + stage_of_row[at]
-        uniq, inverse = np.unique(key, return_inverse=True)
+        uniq, inverse = _unique(key, (int(above.max()) + 1) * n_stages)
         of_row[rows[at]] = inverse + made
         up = uniq // n_stages
         parts["parent"].append(np.full(len(uniq), -1) if depth == 0 else up)
@@ -86,15 +87,28 @@ def build(table: RangeTable, view: StageView, stage_of_row: np.ndarray,
     return Nodes(of_row=of_row, excess=_excess(table, view, of_row, made), **cols)
 
 
+def _unique(key: np.ndarray, space: int):
+    """np.unique(key, return_inverse=True) for keys below `space`: a table of the keys present
+    where that is small (no sort of millions of rows), else np.unique."""
+    if space > max(4 * len(key), 1 << 16):
+        return np.unique(key, return_inverse=True)
+    present = np.zeros(space, bool)
+    present[key] = True
+    uniq = np.flatnonzero(present)
+    slot = np.cumsum(present, dtype=np.int64) - 1
+    return uniq, slot[key]
+
+
 def self_times(table: RangeTable, view: StageView) -> np.ndarray:
     """Each stage range's time less its stage children's, never below zero (children that
     overlap partly count at most their parent's length). Per stage row of the view."""
     dur = view.take(table.end) - view.take(table.start)
     has = np.flatnonzero(view.parent >= 0)
     # float64 adds integer nanoseconds exactly below 2**53 ns (104 days) a parent.
-    children = np.bincount(view.parent[has], weights=dur[has], minlength=len(table))
+    children = view.take(np.bincount(view.parent[has], weights=dur[has], minlength=len(table)))
     del has
-    dur -= np.minimum(view.take(children), dur).astype(np.int64)
+    np.minimum(children, dur, out=children)
+    np.subtract(dur, children, out=dur, casting="unsafe")  # exact: integers below 2**53
     return dur
 
 
