@@ -1,5 +1,7 @@
 """End to end without nsys: `mmscope record` around the real OpenAI server (plugin installed,
-VLLM_NVTX_SCOPES_FOR_PROFILING=1), a few image requests, Ctrl-C, then `mmscope analyze`."""
+VLLM_NVTX_SCOPES_FOR_PROFILING=1, chrome traces beside), a few image requests, SIGTERM while a
+long answer is still being generated, then `mmscope analyze` on the recording and on the chrome
+traces: the step the stop cut is no failed check."""
 from __future__ import annotations
 
 import json
@@ -8,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import threading
 
 import httpx
 import pytest
@@ -21,9 +25,10 @@ pytestmark = pytest.mark.vllm
 
 def test_record_the_server_then_analyze(tiny_model, tmp_path):
     out, port = tmp_path / "server.sqlite", free_port()
+    traces = tmp_path / "traces"
     env = dict(os.environ, VLLM_NVTX_SCOPES_FOR_PROFILING="1", VLLM_CPU_KVCACHE_SPACE="1",
-               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
-    env.pop("MMSCOPE_TRACE", None)
+               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", MMSCOPE_TRACE="nvtx,chrome",
+               MMSCOPE_TRACE_DIR=str(traces))
     log = open(tmp_path / "record.log", "w")
     rec = subprocess.Popen(
         [sys.executable, "-m", "mmscope.cli", "record", "-o", str(out), "--",
@@ -44,16 +49,17 @@ def test_record_the_server_then_analyze(tiny_model, tmp_path):
         chat(url, tiny_model, [701, 702], "Two?")
         chat(url, tiny_model, [701], "Again?")
         chat(url, tiny_model, [], "Text only")
+        # A long answer (text only), stopped while the worker steps: its last step is cut.
+        threading.Thread(target=lambda: _quietly(chat, url, tiny_model, [], "Long?", 900),
+                         daemon=True).start()
+        time.sleep(1.5)
     finally:
-        os.killpg(rec.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
+        rec.send_signal(signal.SIGTERM)  # the recorder hands it to the server, as a stop does
         rec.wait(120)
         log.close()
     assert out.stat().st_size > 0, (tmp_path / "record.log").read_text()[-3000:]
 
-    done = subprocess.run([sys.executable, "-m", "mmscope.cli", "analyze", str(out), "--json"],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report = analyze(out)
     count = {s["name"]: s["count"] for s in report["stages"]}
     # Three images sent as data URLs: three hashes on that branch (start-up's dummies are PIL).
     assert count[stages.hash_range("image_bytes")] == 3
@@ -63,3 +69,23 @@ def test_record_the_server_then_analyze(tiny_model, tmp_path):
                  stages.EMBED_INPUT_IDS, stages.processor_range("apply_hf_processor")):
         assert count.get(name, 0) >= 1, name
     assert all(c["ok"] for c in report["checks"]), report["checks"]
+
+    # The chrome traces of the same run, cut by the stop too: every check passes.
+    traced = analyze(traces)
+    assert all(c["ok"] for c in traced["checks"]), traced["checks"]
+    joined = next(c for c in traced["checks"] if c["name"].startswith("every step_meta"))
+    print("chrome traces after the stop:", joined["detail"])
+
+
+def analyze(path) -> dict:
+    done = subprocess.run([sys.executable, "-m", "mmscope.cli", "analyze", str(path), "--json",
+                           "--no-cache"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _quietly(call, *args):
+    try:
+        call(*args)
+    except httpx.HTTPError:  # the server stopped under it: what the test wants
+        pass
