@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmscope.analyze import processes, stats, tree
+from mmscope import stages
+from mmscope.analyze import processes, stats, steps, tree
 from mmscope.analyze.sql import Sql
 from mmscope.analyze.table import RangeTable
 
@@ -33,6 +34,7 @@ def build(table: RangeTable, workers: int | None = None) -> Frame:
     """`ranges` holds the stage rows: name, node, thread, start, end, parent (its nearest
     stage ancestor's row), self_ns; `names` maps a name to its stage."""
     sql = Sql(workers)
+    _find_catalogue_rows(table)
     stage_list, stage_of_name = stats.stage_names(table.names)
     view = tree.stage_view(table)
     thread, name = view.take(table.thread), view.take(table.name_id)
@@ -50,6 +52,13 @@ def build(table: RangeTable, workers: int | None = None) -> Frame:
                             "parent": view.parent, "self_ns": tree.self_times(table, view)})
     return Frame(table=table, sql=sql, stages=stage_list, stage_of_name=stage_of_name,
                  processes=procs, roles=roles, view=view, nodes=nodes)
+
+
+def _find_catalogue_rows(table: RangeTable) -> None:
+    """The rows of the stages the steps, checks and benefit look up, in one pass."""
+    table.find_rows((stages.FORWARD,), (stages.PREPROCESS,), (stages.VIT_FORWARD,),
+                    (stages.EC_SAVE,), stages.PREPROCESS_SIBLINGS,
+                    id_sets={steps.STEP_META_ROWS: steps.step_meta_shapes(table)[1]})
 
 
 def _role_order(labels: set[str]) -> list[str]:

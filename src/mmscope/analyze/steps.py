@@ -219,11 +219,6 @@ def kind_codes(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:
     return code
 
 
-def kind_of(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:
-    """'prefill', 'decode', 'mixed' or 'idle' per step."""
-    return np.array(KINDS, dtype=object)[kind_codes(prefill, decode)]
-
-
 def cut_metas(frame, metas: np.ndarray) -> np.ndarray:
     """Of these step_meta rows, those the trace ends inside of: the last step_meta of its
     thread, with no forward of that thread starting at or after it (the process was stopped

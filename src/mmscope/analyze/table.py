@@ -127,12 +127,6 @@ class RangeTable:
         })
 
 
-def canonical_names(raw: list[str]) -> tuple[list[str], np.ndarray]:
-    """Canonical name list and the map raw id -> canonical id (aliases merge into one name)."""
-    index, mapping = _canonical_index(raw)
-    return list(index), mapping
-
-
 def canonical_prefix(raw: list[str]) -> tuple[dict[str, int], list[int]]:
     """The canonical index and codes of the first raw names, computed ahead (build continues
     them with the rest)."""
@@ -196,13 +190,6 @@ def _close(start: np.ndarray, end: np.ndarray, kind: np.ndarray):
         last = max(int(start.max()), int(end[~missing].max()) if (~missing).any() else 0)
         end[unclosed] = last
     return end, unclosed
-
-
-def nest(thread: np.ndarray, sub: np.ndarray, start: np.ndarray, end: np.ndarray):
-    """Depth and parent row of every interval within its (thread, sub) group (see
-    nest_with_crossings)."""
-    depth, parent, _ = nest_with_crossings(thread, sub, start, end)
-    return depth, parent
 
 
 def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
