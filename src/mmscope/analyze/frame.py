@@ -31,23 +31,21 @@ class Frame:
 
 
 def build(table: RangeTable, workers: int | None = None) -> Frame:
-    """`ranges` holds the stage rows: name, node, thread, start, end, parent (its nearest
-    stage ancestor's row), self_ns; `names` maps a name to its stage."""
+    """`ranges` holds the stage rows: stage, node, thread, start, end, parent (its nearest stage
+    ancestor's row), self_ns."""
     sql = Sql(workers)
     _find_catalogue_rows(table)
     stage_list, stage_of_name = stats.stage_names(table.names)
     view = tree.stage_view(table)
-    thread, name = view.take(table.thread), view.take(table.name_id)
-    sql.register("ranges", {"thread": thread, "name": name})
-    procs = processes.describe(table, sql)
+    thread, stage = view.take(table.thread), stage_of_name[view.take(table.name_id)]
+    sql.register("ranges", {"thread": thread, "stage": stage})
+    procs = processes.describe(table, stage_list, sql)
     roles = _role_order({p["role"] for p in procs})
     role_of_pid = {p["pid"]: roles.index(p["role"]) for p in procs}
     role_of_row = _per_row((thread >> 24) & 0xFFFFFF, role_of_pid)
-    nodes = tree.build(table, view, stage_of_name[name], role_of_row, len(stage_list))
+    nodes = tree.build(table, view, stage, role_of_row, len(stage_list))
     del role_of_row
-    sql.register("names", {"name": np.arange(len(table.names), dtype=np.int32),
-                           "stage": stage_of_name})
-    sql.register("ranges", {"name": name, "node": view.take(nodes.of_row), "thread": thread,
+    sql.register("ranges", {"stage": stage, "node": view.take(nodes.of_row), "thread": thread,
                             "start": view.take(table.start), "end": view.take(table.end),
                             "parent": view.parent, "self_ns": tree.self_times(table, view)})
     return Frame(table=table, sql=sql, stages=stage_list, stage_of_name=stage_of_name,

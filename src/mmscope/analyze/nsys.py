@@ -235,6 +235,11 @@ def _resolve_names(text_id: np.ndarray, text_codes: np.ndarray, texts: list[str]
     fallback = len(ids) + text_codes
     if len(ids) == 0:
         return names, fallback
+    if 0 <= ids[0] and ids[-1] < 4 * len(ids) + (1 << 16):  # nsys numbers its strings densely
+        slot = np.full(int(ids[-1]) + 2, -1, np.int64)  # the last slot: ids out of range
+        slot[ids] = np.arange(len(ids))
+        pos = slot[np.clip(text_id, -1, len(slot) - 1)]
+        return names, np.where(pos >= 0, pos, fallback)
     pos = np.minimum(np.searchsorted(ids, text_id), len(ids) - 1)
     return names, np.where(ids[pos] == text_id, pos, fallback)
 

@@ -15,10 +15,9 @@ ENCODER, PREPROCESS_REST, OTHER = "encoder", "preprocess (rest)", "other"
 
 # Each range beside a step's preprocess (same thread, same parent), in that step's window.
 PARTS = """
-SELECT w.step, n.stage, CAST(sum(r."end" - r.start) AS BIGINT) AS ns
+SELECT w.step, r.stage, CAST(sum(r."end" - r.start) AS BIGINT) AS ns
 FROM (SELECT * FROM ranges WHERE parent IN (SELECT parent FROM windows)) r
 ASOF JOIN windows w ON r.thread = w.thread AND r.start >= w.start
-JOIN names n ON r.name = n.name
 WHERE r.start < w."end" AND r.parent = w.parent
 GROUP BY ALL
 """

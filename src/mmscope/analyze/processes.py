@@ -7,6 +7,7 @@ A process title says engine or worker (vLLM's `VLLM::EngineCore`, `VLLM::Worker`
 from __future__ import annotations
 
 from mmscope import stages
+from mmscope.analyze.stats import STEP_META_STAGE
 
 API_SERVER, ENGINE, WORKER = "API server", "engine", "worker"
 ROLE_ORDER = (API_SERVER, ENGINE, WORKER)
@@ -30,7 +31,7 @@ def role_of(title: str | None, names: set[str]) -> str:
     multimodal processor's ranges mean API server only in a process no title names (engine
     and workers process a dummy input at start-up)."""
     found = {role for part, role in TITLES if title and part in title}
-    if any(n in WORKER_STAGES or n.startswith(stages.STEP_META_PREFIX) for n in names):
+    if any(n in WORKER_STAGES or n == STEP_META_STAGE for n in names):
         found.add(WORKER)
     titled = any(part in (title or "") for part, _ in TITLES)
     if not titled and any(n.startswith(API_PREFIXES) for n in names):
@@ -40,15 +41,15 @@ def role_of(title: str | None, names: set[str]) -> str:
     return " + ".join(r for r in ROLE_ORDER if r in found)
 
 
-def describe(table, sql) -> list[dict]:
+def describe(table, stages_: list[str], sql) -> list[dict]:
     """One entry per process, in pid order: pid, name, role, ranges, and its threads (tid,
-    name, ranges) in tid order. `sql`: the analysis' Sql over the table."""
-    got = sql.rows("SELECT thread, name, count(*) FROM ranges GROUP BY thread, name")
+    name, ranges) in tid order. `sql`: a view `ranges(thread, stage)` of the stage rows."""
+    got = sql.rows("SELECT thread, stage, count(*) FROM ranges GROUP BY thread, stage")
     per_thread: dict[int, int] = {}
     names_of: dict[int, set[str]] = {}
-    for thread, name, count in got:
+    for thread, stage, count in got:
         per_thread[thread] = per_thread.get(thread, 0) + count
-        names_of.setdefault(pid_of(thread), set()).add(table.names[name])
+        names_of.setdefault(pid_of(thread), set()).add(stages_[stage])
     out = []
     for pid in sorted(names_of):
         threads = sorted(t for t in per_thread if pid_of(t) == pid)

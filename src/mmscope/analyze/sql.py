@@ -1,8 +1,8 @@
 """The range table as DuckDB sees it: its numpy columns registered as views (no copy), so that
 aggregates and joins run in DuckDB, in parallel, over the columns as they lie in memory.
 
-The frame registers `ranges` (every range) and `names` (name -> stage); computations register
-their small tables (the forwards, the steps) beside them.
+The frame registers `ranges` (every stage range); computations register their small tables (the
+forwards, the steps) beside it.
 """
 from __future__ import annotations
 

@@ -19,8 +19,7 @@ FIGURES = ("count", "total_ns", "self_ns", "mean_ns", "p50_ns", "p90_ns", "p99_n
 AGGREGATE = """
 SELECT node, stage, count(*), CAST(sum(dur) AS BIGINT), CAST(sum(self_ns) AS BIGINT),
        min(dur), max(dur), quantile_disc(dur, [0.5, 0.9, 0.99])
-FROM (SELECT r.node, n.stage, r."end" - r.start AS dur, r.self_ns
-      FROM ranges r JOIN names n ON r.name = n.name)
+FROM (SELECT node, stage, "end" - start AS dur, self_ns FROM ranges)
 GROUP BY GROUPING SETS ((node), (stage))
 """
 
