@@ -231,3 +231,15 @@ def test_flat_keeps_one_row_per_stage(nested, tmp_path):
     text = out.getvalue()
     assert "stages (durations per range)" in text and "├─" not in text
     assert f"{stages.PREPROCESS} (2 in 6)" in text
+
+
+def test_the_terminal_tree_hides_small_nodes_but_never_a_catalogue_stage(tmp_path):
+    path = tmp_path / "small.sqlite"
+    with F.NsysFile(path) as f:
+        f.range("long startup", 0, 1_000_000, pid=W)
+        f.range("tiny helper", 2_000_000, 2_000_010, pid=W)
+        f.range(stages.hash_range("pil_image"), 3_000_000, 3_000_010, pid=W)
+    _, text = report_of(str(path))
+    assert "long startup" in text and stages.hash_range("pil_image") in text
+    assert "tiny helper" not in text
+    assert "1 nodes outside the stage catalogue under 0.5% of the role's time not shown" in text

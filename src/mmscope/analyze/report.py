@@ -12,7 +12,7 @@ from dataclasses import dataclass
 CSV_FIELDS = ("name", "count", "total_ns", "self_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns",
               "min_ns", "max_ns", "parent", "share_of_parent", "in_parent", "parent_count")
 DOC_KEYS = ("profile", "tree", "stages", "checks", "steps", "cache_benefit", "per_step")
-TREE_MIN_SHARE = 0.005  # the terminal's tree leaves out nodes below this share of their role
+TREE_MIN_SHARE = 0.005  # the terminal's tree leaves out other nodes below this share of a role
 
 
 @dataclass
@@ -165,24 +165,35 @@ def tree_prefixes(nodes: list[dict]) -> list[str]:
     return out
 
 
+def catalogued(name: str) -> bool:
+    """A range of mmscope's stage catalogue (docs/design.md §3), which the tree never hides."""
+    from mmscope import stages
+
+    return (name in stages.ALL_FIXED
+            or name.startswith((stages.HASH_PREFIX, stages.PROCESSOR_PREFIX)))
+
+
 def _tree_table(role: str, processes: list[dict], nodes: list[dict]):
     from rich.table import Table
 
     mine = [n for n in nodes if n["role"] == role]
     roots = sum(n["total_ns"] for n in mine if n["parent"] is None) or 1
+    by_id = {n["id"]: n for n in mine}
     kept: set[int] = set()
-    for n in mine:  # depth first: a parent comes before its children
-        if ((n["parent"] is None or n["parent"] in kept)
-                and n["total_ns"] >= TREE_MIN_SHARE * roots):
-            kept.add(n["id"])
+    for n in mine:  # a catalogue stage always, and the paths down to what is kept
+        if n["total_ns"] >= TREE_MIN_SHARE * roots or catalogued(n["name"]):
+            while n is not None and n["id"] not in kept:
+                kept.add(n["id"])
+                n = by_id.get(n["parent"])
     shown = [n for n in mine if n["id"] in kept]
     hidden = len(mine) - len(shown)
     if not shown:
-        return (f"{role}: {where_text(role, processes)}: {hidden} nodes, each under "
-                f"{100 * TREE_MIN_SHARE:g}% of the role's time")
+        return (f"{role}: {where_text(role, processes)}: {hidden} nodes outside the stage "
+                f"catalogue, each under {100 * TREE_MIN_SHARE:g}% of the role's time")
     t = Table(title=f"{role}: {where_text(role, processes)}", title_justify="left",
-              caption=(f"{hidden} nodes under {100 * TREE_MIN_SHARE:g}% of the role's time "
-                       "not shown (--json, --html and --flat show every one)") if hidden else None,
+              caption=(f"{hidden} nodes outside the stage catalogue under "
+                       f"{100 * TREE_MIN_SHARE:g}% of the role's time not shown (--json, --html "
+                       "and --flat show every one)") if hidden else None,
               caption_justify="left")
     for col in ("stage", "count", "total", "self", "mean", "p50", "p90", "p99",
                 "% of parent"):
