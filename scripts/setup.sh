@@ -11,20 +11,26 @@ want=$( { cat pyproject.toml scripts/setup.sh; cat setup.py src/mmscope/record/*
         | sha256sum | cut -c1-16)
 stamp="$VENV/.mmscope-setup-$want"
 
-# The Prometheus tests (tests/engine/test_prometheus.py) run the real server and promtool.
-# Checked on every run: a `command -v` when it is there already.
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+# Debian packages some tests run: Prometheus and promtool (tests/engine/test_prometheus.py), and
+# Chromium, in which tests/unit/test_analysis_html.py opens the analyzer's report.
+# Checked on every run: a `command -v` when they are there already.
+debian_package() {  # debian_package PACKAGE COMMAND...
+  local package=$1 missing=0; shift
+  for cmd in "$@"; do command -v "$cmd" >/dev/null || missing=1; done
+  [ "$missing" -eq 0 ] && return 0
   if ! command -v apt-get >/dev/null; then
-    echo "setup: no apt-get here; install Prometheus (prometheus and promtool on PATH) by hand"
+    echo "setup: no apt-get here; install $package ($* on PATH) by hand"
   elif [ "$(id -u)" -ne 0 ]; then
-    echo "setup: not root; install Prometheus with: sudo apt-get install -y prometheus"
+    echo "setup: not root; install $package with: sudo apt-get install -y $package"
   else
-    echo "setup: installing the Debian package prometheus"
+    echo "setup: installing the Debian package $package"
     apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"; }
     # A fresh image has no package lists yet: fetch them only when the first try needs them.
-    apt_install prometheus >/dev/null || { apt-get update -q >/dev/null && apt_install prometheus >/dev/null; }
+    apt_install "$package" >/dev/null || { apt-get update -q >/dev/null && apt_install "$package" >/dev/null; }
   fi
-fi
+}
+debian_package prometheus prometheus promtool
+debian_package chromium chromium
 
 if [ -f "$stamp" ] && "$VENV/bin/python" -c "import mmscope" 2>/dev/null; then
   echo "setup: .venv is up to date"

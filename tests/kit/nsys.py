@@ -177,3 +177,41 @@ def pipeline_file(path, old: bool = False, vm: int = 1, pragmas: tuple[str, ...]
         f.vm = vm
         write_pipeline(f, stages)
     return str(path)
+
+
+# --- a profile with known nesting across two processes, for figures computed by hand ---------
+# Worker steps: (prefill, decode, reqs), preprocess (start, end), vit_forward inside (or None),
+# gather inside (or None), forward (start, end). A last preprocess has no step after it.
+NESTED = (((8, 0, 1), (100, 1100), (200, 700), (800, 900), (1200, 2200)),
+          ((4, 0, 1), (3100, 3700), (3200, 3550), None, (3800, 4500)),
+          ((6, 0, 1), (5100, 5300), None, (5150, 5250), (5400, 6000)),
+          ((0, 2, 2), (7100, 7250), None, (7150, 7200), (7300, 7700)),
+          ((0, 1, 1), (9100, 9200), None, None, (9300, 9600)))
+
+
+def nested_file(path, scale: int = 1) -> str:
+    """The API server (two hf_processor calls, one holding a hash) and a worker running the
+    steps of NESTED, each with its step_meta inside its preprocess; every time times `scale`."""
+    from mmscope import stages
+
+    def at(*times):
+        return [t * scale for t in times]
+
+    w = WORKER_PID
+    with NsysFile(path) as f:
+        f.process(API_PID, "api_server")
+        f.process(w, "VLLM::Worker")
+        f.thread_name("api-main", API_PID, API_PID)
+        f.range(stages.processor_range("apply_hf_processor"), *at(0, 400), pid=API_PID)
+        f.range(stages.hash_range("pil_image"), *at(50, 150), pid=API_PID)
+        f.range(stages.processor_range("apply_hf_processor"), *at(500, 700), pid=API_PID)
+        for (p, d, reqs), pre, vit, gather, fwd in NESTED:
+            f.range(stages.PREPROCESS, *at(*pre), pid=w)
+            meta = stages.step_meta_range(stages.StepShape(p, d, p + d, reqs))
+            f.range(meta, *at(pre[0] + 10, pre[0] + 10), pid=w)
+            for inner, name in ((vit, stages.VIT_FORWARD), (gather, stages.GATHER_MM_EMBEDDINGS)):
+                if inner:
+                    f.range(name, *at(*inner), pid=w)
+            f.range(stages.FORWARD, *at(*fwd), pid=w)
+        f.range(stages.PREPROCESS, *at(11_100, 11_180), pid=w)  # no forward follows: no step
+    return str(path)

@@ -120,11 +120,14 @@ class Section:
                                               str(self.workdir))
         return self.server.start()
 
-    def run_rest(self) -> list[tuple[Block, str]]:
-        """The remaining blocks, the server stopped (Ctrl-C) before the first `stopped` one."""
+    def run_rest(self, before_stop=None) -> list[tuple[Block, str]]:
+        """The remaining blocks, the server stopped (Ctrl-C) before the first `stopped` one, right
+        after `before_stop()` where given."""
         while self.pending:
             block = self.pending.pop(0)
             if block.kind == "stopped" and self.server is not None:
+                if before_stop is not None:
+                    before_stop()
                 self.server.stop()
             self._run(block)
         return self.outputs

@@ -127,7 +127,7 @@ def test_a_corrupt_entry_is_ignored_and_replaced(profile, capsys, computed, cach
     (entry,) = (cache_home / "mmscope" / "analyze").iterdir()
     if garbage is None:  # right key, analysis missing a part
         doc = json.loads(entry.read_text())
-        del doc["analysis"]["plots"]
+        del doc["analysis"]["per_step"]
         garbage = json.dumps(doc).encode()
     entry.write_bytes(garbage)
     assert analyze(capsys, profile, "--json") == first

@@ -6,12 +6,12 @@ import pytest
 
 from tests.kit import nsys as F
 from mmscope import stages
-from mmscope.analyze import checks, nsys, steps
+from mmscope.analyze import checks, frame, nsys, steps
 
 
 def run_checks(path) -> dict[str, dict]:
-    t = nsys.load(str(path))
-    return {c["name"]: c for c in checks.run_all(t, steps.step_join(t))}
+    built = frame.build(nsys.load(str(path)))
+    return {c["name"]: c for c in checks.run_all(built, steps.step_join(built))}
 
 
 def one_step(f, vit=(110, 150), save=(150, 160), meta=True, forward=True, pid=7):
@@ -79,13 +79,29 @@ def test_sibling_outside_preprocess_fails(tmp_path):
 
 
 def test_step_meta_without_forward_fails(tmp_path):
+    """A step whose forward is missing while its thread goes on (another step follows)."""
     path = tmp_path / "meta.sqlite"
     with F.NsysFile(path) as f:
         one_step(f, forward=False)
+        f.range(stages.step_meta_range(stages.StepShape(0, 1, 1, 1)), 400, 400, pid=7)
+        f.range(stages.FORWARD, 410, 500, pid=7)
     c = find(run_checks(path), "every step_meta")
     assert not c["ok"]
-    assert c["detail"] == ("1 of 1 step_meta ranges fail; first: 'step_meta: prefill=3 decode=0 "
+    assert c["detail"] == ("1 of 2 step_meta ranges fail; first: 'step_meta: prefill=3 decode=0 "
                            "total=3 reqs=1' [90, 90] ns on pid 7 tid 7")
+
+
+def test_the_last_step_of_a_cut_trace_is_no_failed_join(tmp_path):
+    """The process stopped inside its last step: that step_meta has no forward after it."""
+    path = tmp_path / "cut.sqlite"
+    with F.NsysFile(path) as f:
+        one_step(f)
+        f.range(stages.step_meta_range(stages.StepShape(0, 1, 1, 1)), 400, 400, pid=7)
+        f.range(stages.PREPROCESS, 390, 450, pid=7)
+    c = find(run_checks(path), "every step_meta")
+    assert c["ok"], c
+    assert c["detail"] == ("all 2 step_meta ranges pass; 1 ends its thread's trace before its "
+                           "forward (the trace was cut inside that step)")
 
 
 @pytest.mark.parametrize("start", ["preprocess children lie inside", "every step_meta"])

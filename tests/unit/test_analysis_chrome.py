@@ -78,7 +78,7 @@ def be_events() -> list[dict]:
 
 
 def same(a, b) -> None:
-    assert a.frame().equals(b.frame())
+    assert a.data_frame().equals(b.data_frame())
     assert a.thread_names == b.thread_names
     assert a.process_names == b.process_names
 

@@ -83,15 +83,15 @@ def test_old_schema_loads_to_the_same_table(tmp_path, new_table):
     cols = {r[1] for r in sqlite3.connect(tmp_path / "old.sqlite").execute(
         "PRAGMA table_info(NVTX_EVENTS)")}
     assert "eventId" not in cols and "binaryData" not in cols
-    assert old.frame().equals(new_table.frame())
+    assert old.data_frame().equals(new_table.data_frame())
 
 
 def test_any_number_of_reader_threads_gives_the_same_table(tmp_path, new_table):
     path = F.pipeline_file(tmp_path / "p.sqlite")
     par = nsys.load(path, workers=2)
-    assert par.frame().equals(new_table.frame())
+    assert par.data_frame().equals(new_table.data_frame())
     old = nsys.load(F.pipeline_file(tmp_path / "o.sqlite", old=True), workers=3)
-    assert old.frame().equals(new_table.frame())
+    assert old.data_frame().equals(new_table.data_frame())
 
 
 def test_texts_with_separators_and_unpackable_ids(tmp_path):

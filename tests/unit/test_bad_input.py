@@ -21,7 +21,9 @@ PIPE_CLOSED_EXIT = 128 + signal.SIGPIPE
 
 # (argv with {placeholders}, a fragment the error line must hold). Placeholders: {file} a plain
 # file, {tmp} a fresh folder, {profile} an nsys SQLite profile, {log} an access log, {port} a
-# loopback port nothing listens on.
+# loopback port nothing listens on; {corrupt} the profile with 200 bytes of its schema page
+# flipped, {badtext} the profile with a range name that is no UTF-8, {nonvtx} a profile whose
+# NVTX table holds no row, {othermetrics} a /metrics page without mmscope's series.
 ROWS = [
     # demo
     ("demo --out {file}/demo", "{file}"),
@@ -44,10 +46,24 @@ ROWS = [
     ("analyze --filter ( {profile}", "--filter"),
     ("analyze --html {file}/report.html {profile}", "{file}"),
     ("analyze --csv /proc/stages.csv {profile}", "/proc"),
+    ("analyze {corrupt}", "not a readable SQLite database"),
+    ("analyze --json {corrupt}", "not a readable SQLite database"),
+    ("analyze {badtext}", "not a readable SQLite database"),
+    ("analyze --json {badtext}", "not a readable SQLite database"),
+    ("analyze {nonvtx}", "no NVTX ranges or marks"),
+    ("analyze --metrics {tmp}/missing.txt {profile}", "no such file"),
+    ("analyze --metrics {file} {profile}", "not a Prometheus /metrics page"),
+    ("analyze --metrics {othermetrics} {profile}", "no vllm:encoder_cache_queries_total series"),
+    ("analyze --metrics http://127.0.0.1:{port}/metrics {profile}",
+     "cannot read http://127.0.0.1:{port}/metrics"),
+    ("analyze --html {tmp}/r.html {nonvtx}", "no NVTX ranges or marks"),
     # compare
     ("compare {profile} {tmp}/missing.sqlite", "no such file"),
     ("compare --workers 0 {profile} {profile}", "--workers"),
     ("compare --filter [ {profile} {profile}", "--filter"),
+    ("compare {profile} {badtext}", "not a readable SQLite database"),
+    ("compare {corrupt} {profile}", "not a readable SQLite database"),
+    ("compare --json {profile} {nonvtx}", "no NVTX ranges or marks"),
     # record
     ("record", "no command given"),
     ("record --linger -5 -o {tmp}/r.sqlite -- true", "--linger"),
@@ -135,8 +151,33 @@ def places(tmp_path_factory) -> dict[str, str]:
     log.write_text(access_log.HEADER + "C\t0\t1\t64\n"
                    "A\t1\t1\tr1\t0\timage\tk\t16\tMISS\t-\nF\t2\t1\tr1\n"
                    "A\t3\t1\tr2\t0\timage\tk\t16\tHIT\tlocal\nF\t4\t1\tr2\n")
-    return {"file": str(plain), "log": str(log), "profile": nsys.pipeline_file(base / "p.sqlite"),
-            "port": str(free_port())}
+    profile = nsys.pipeline_file(base / "p.sqlite")
+    other = base / "other-metrics.txt"
+    other.write_text("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n")
+    return {"file": str(plain), "log": str(log), "profile": profile, "port": str(free_port()),
+            "othermetrics": str(other), **damaged_profiles(base, profile)}
+
+
+def damaged_profiles(base, profile: str) -> dict[str, str]:
+    """A valid export broken two ways (bytes flipped in its schema page; a name whose bytes are
+    no UTF-8), and one whose NVTX table is empty."""
+    import random
+
+    from tests.kit import nsys
+
+    data = open(profile, "rb").read()
+    flipped = bytearray(data)
+    rng = random.Random(0)
+    for at in rng.sample(range(100, 4096), 200):  # past the 100-byte header, in page 1
+        flipped[at] ^= 0xFF
+    name = b"gpu_model_runner: preprocess"
+    assert name in data
+    paths = {"corrupt": base / "corrupt.sqlite", "badtext": base / "badtext.sqlite",
+             "nonvtx": base / "empty-nvtx.sqlite"}
+    paths["corrupt"].write_bytes(bytes(flipped))
+    paths["badtext"].write_bytes(data.replace(name, b"\xff\xfe" + name[2:]))
+    nsys.NsysFile(paths["nonvtx"]).close()
+    return {k: str(v) for k, v in paths.items()}
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess, fragment: str) -> None:

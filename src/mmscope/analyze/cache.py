@@ -10,7 +10,7 @@ import os
 import tempfile
 
 # Bumped whenever what an entry holds, or how any number in it is computed, changes.
-FORMAT = 2
+FORMAT = 3
 HEAD_BYTES = 4096  # hashed into the key: an SQLite header changes on every write transaction
 # Files beside an SQLite database that its contents depend on: a commit may sit in the -wal.
 COMPANION_SUFFIXES = ("-wal",)
@@ -74,8 +74,9 @@ def read(key: dict | None) -> dict | None:
     if not isinstance(entry, dict) or entry.get("key") != key:
         return None
     doc = entry.get("analysis")
-    needed = ("profile", "stages", "checks", "steps", "cache_benefit", "plots")
-    if not isinstance(doc, dict) or not all(k in doc for k in needed):
+    from mmscope.analyze.report import DOC_KEYS
+
+    if not isinstance(doc, dict) or not all(k in doc for k in DOC_KEYS):
         return None
     return doc
 

@@ -12,9 +12,10 @@ from mmscope.analyze.table import RangeTable, enclosing, group_index, packed_key
 SIBLINGS = stages.PREPROCESS_SIBLINGS
 
 
-def run_all(table: RangeTable, pairs) -> list[dict]:
+def run_all(frame, pairs) -> list[dict]:
+    table = frame.table
     return [ranges_nest(table), vit_excludes_save(table), siblings_disjoint(table),
-            siblings_inside_preprocess(table), step_meta_joined(table, pairs)]
+            siblings_inside_preprocess(table), step_meta_joined(frame, pairs)]
 
 
 def _result(name: str, bad: int, total: int, first: str, what: str) -> dict:
@@ -61,8 +62,8 @@ def siblings_disjoint(table: RangeTable) -> dict:
     thread = table.thread[rows]
     g = group_index(thread, np.zeros(len(rows), np.int8))
     ks, ke = packed_keys(g, table.start[rows], table.end[rows])
-    order = packed_order(g, ks)  # rows are in row order: ties stay by row
-    ks, ke = ks[order], ke[order]
+    order, ks = packed_order(g, ks)  # rows are in row order: ties stay by row
+    ke = ke[order]
     # Packed keys keep each thread's ends below the next thread's starts.
     latest = np.maximum.accumulate(ke)
     bad = np.flatnonzero(ks[1:] < latest[:-1]) + 1
@@ -77,15 +78,21 @@ def siblings_disjoint(table: RangeTable) -> dict:
 
 def ranges_nest(table: RangeTable) -> dict:
     """Ranges on a thread either contain one another or do not overlap; one that starts inside
-    another and ends after it is kept beside it, not inside (counted here)."""
+    another and ends after it is kept beside it, not inside (counted here). A torch profiler
+    range against its own enter and exit frames is the profiler's design, not counted."""
     name = "ranges nest (none overlaps another partly)"
-    crossing = table.crossing
+    crossing = np.setdiff1d(table.crossing, table.own_overlaps)
     first = ""
     if len(crossing):
         row = int(crossing[np.argmin(table.start[crossing])])
         first = f"{where(table, row)} ends after a range it starts inside"
     positive = int(np.count_nonzero(table.end > table.start))
-    return _result(name, len(crossing), positive, first, "ranges of positive length")
+    result = _result(name, len(crossing), positive, first, "ranges of positive length")
+    if len(table.own_overlaps):
+        result["detail"] += (f"; {len(table.own_overlaps)} more overlap only as torch's "
+                             "record_function records (a range against the frames that open "
+                             "or close it)")
+    return result
 
 
 def siblings_inside_preprocess(table: RangeTable) -> dict:
@@ -103,13 +110,22 @@ def siblings_inside_preprocess(table: RangeTable) -> dict:
     return _result(name, len(bad), len(rows), first, "preprocess child ranges")
 
 
-def step_meta_joined(table: RangeTable, pairs) -> dict:
-    """Every step_meta is the nearest preceding step_meta of some forward on its thread."""
-    from mmscope.analyze.steps import step_meta_rows
+def step_meta_joined(frame, pairs) -> dict:
+    """Every step_meta is the nearest preceding step_meta of some forward on its thread; the
+    last step of a thread whose forward the trace does not hold (it ends inside that step) is
+    no failure, and is counted apart."""
+    from mmscope.analyze.steps import cut_metas, step_meta_rows
 
+    table = frame.table
     name = f"every step_meta joins a '{stages.FORWARD}' on its thread"
     metas = step_meta_rows(table)[0]
     joined = pairs["meta_row"] if len(pairs) else np.zeros(0, np.int64)
-    bad = metas[~np.isin(metas, joined)]
+    unjoined = metas[~np.isin(metas, joined)]
+    cut = cut_metas(frame, unjoined)
+    bad = np.setdiff1d(unjoined, cut)
     first = where(table, bad[np.argmin(table.start[bad])]) if len(bad) else ""
-    return _result(name, len(bad), len(metas), first, "step_meta ranges")
+    result = _result(name, len(bad), len(metas), first, "step_meta ranges")
+    if len(cut):
+        result["detail"] += (f"; {len(cut)} ends its thread's trace before its forward (the "
+                             "trace was cut inside that step)")
+    return result

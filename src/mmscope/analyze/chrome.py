@@ -10,10 +10,14 @@ import os
 from dataclasses import dataclass
 
 from mmscope.analyze import table as tbl
+from mmscope.analyze import torch_frames
 from mmscope.errors import UserError
 from mmscope.emit.chrome import read_events
 
 GZIP_MAGIC = b"\x1f\x8b"
+# The torch profiler's categories of the ranges a program names (record_function); the others
+# (python_function, cpu_op, kernel, ...) are what it records by itself: frames, not stages.
+TORCH_STAGES = (None, "user_annotation", "gpu_user_annotation")
 _ID_LIMIT = 1 << 24  # pid and tid each get 24 bits of the nsys-style thread key
 _INSTANTS = ("i", "I", "R")
 
@@ -69,11 +73,12 @@ def load_all(paths: list[str], label: str) -> tbl.RangeTable:
     shifts, clock = _alignment(parsed, label)
     builder = _Builder()
     try:
-        for (_, events, _), shift in zip(parsed, shifts):
+        for (_, events, file_clock), shift in zip(parsed, shifts):
             builder.shift = shift
+            builder.torch = file_clock.domain == TORCH
             for ev in events:
                 builder.add(ev)
-        return builder.table(clock)
+        return torch_frames.settle(builder.table(clock))
     except (TypeError, ValueError, OverflowError) as e:
         raise UserError(f"{label}: malformed trace event ({_first_line(e)})") from None
 
@@ -132,17 +137,20 @@ class _Builder:
 
     def __init__(self):
         self.names: dict[str, int] = {}
-        self.cols: dict[str, list] = {k: [] for k in ("name", "start", "end", "kind", "thread")}
+        self.cols: dict[str, list] = {k: [] for k in ("name", "start", "end", "kind", "thread",
+                                                      "frame")}
         self.ids: dict[tuple[str, object], int] = {}
         self.thread_names: dict[int, str] = {}
         self.process_names: dict[int, str] = {}
         self.open: dict[int, list[int]] = {}
         self.shift = 0  # added to this file's times (ns): its place on the profile's clock
+        self.torch = False  # a torch profiler trace: its own frames are told from the stages
 
     def table(self, clock: str) -> tbl.RangeTable:
         c = self.cols
         return tbl.build(raw_names=list(self.names), name_id=c["name"], start=c["start"],
                          end=c["end"], kind=c["kind"], thread=c["thread"],
+                         frame=c["frame"] if any(c["frame"]) else None,
                          thread_names=self.thread_names, process_names=self.process_names,
                          source="chrome-json", clock=clock)
 
@@ -173,6 +181,7 @@ class _Builder:
         c["end"].append(start - 1 if end is None else max(end, start))
         c["kind"].append(kind)
         c["thread"].append(self.thread(ev))
+        c["frame"].append(self.torch and ev.get("cat") not in TORCH_STAGES)
         return len(c["start"]) - 1
 
     def thread(self, ev: dict) -> int:

@@ -1,4 +1,4 @@
-"""`mmscope analyze PROFILE`: the per-stage table, checks, step join and cache benefit of a profile.
+"""`mmscope analyze PROFILE`: the stage tree, checks, step join and cache benefit of a profile.
 
 Reads nsys SQLite exports, .nsys-rep reports (through nsys) and Chrome traces; heavy imports wait,
 and a second run on an unchanged file answers from the analysis cache without them.
@@ -21,6 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     out.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     out.add_argument("--csv", metavar="FILE", help="write the per-stage table as CSV")
+    parser.add_argument("--flat", action="store_true",
+                        help="one row per stage instead of the stage tree per process role")
+    parser.add_argument("--metrics", metavar="PAGE",
+                        help="the encoder cache's counters and time to first token by part from "
+                        "a vLLM /metrics page: a saved file or the server's URL")
     parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="threads reading an SQLite file (default: one per core)")
@@ -49,6 +54,11 @@ def run(args) -> int:
 
     check_regex(args.filter)
     check_workers(args.workers)
+    scraped = None
+    if args.metrics:
+        from mmscope.analyze import scrape
+
+        scraped = scrape.read(args.metrics)
     # The key first: a warm run answers before numpy or polars are imported.
     key = None if args.no_cache else cache.key_for(args.profile, args.filter)
     doc = cache.read(key)
@@ -57,6 +67,7 @@ def run(args) -> int:
     else:
         analysis = compute(args.profile, args.filter, args.workers)
         cache.write(key, analysis.doc())
+    analysis.cache = scraped
     if args.json:
         json.dump(analysis.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -73,7 +84,7 @@ def run(args) -> int:
     else:
         from mmscope.analyze.report import print_terminal
 
-        print_terminal(analysis)
+        print_terminal(analysis, flat=args.flat)
     return 0
 
 
@@ -83,7 +94,7 @@ def compute(path: str, name_filter: str | None, workers: int | None):
     from mmscope.analyze import load
     from mmscope.analyze.report import analyze
 
-    return analyze(path, load(path, workers=workers), name_filter)
+    return analyze(path, load(path, workers=workers), name_filter, workers)
 
 
 def prepare_process() -> None:

@@ -20,6 +20,13 @@ REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 def load_profile(path: str, workers: int | None = None, quiet: bool = False) -> RangeTable:
     """The RangeTable of an nsys SQLite export, an nsys report, a Chrome trace JSON, or a folder
     of Chrome traces (one per process, as mmscope's chrome backend writes them)."""
+    table = _load(path, workers, quiet)
+    if len(table) == 0:
+        raise UserError(f"{path}: no NVTX ranges or marks in the profile (nothing to analyze)")
+    return table
+
+
+def _load(path: str, workers: int | None, quiet: bool) -> RangeTable:
     if os.path.isdir(path):
         return _load_trace_folder(path)
     head = _head(path)

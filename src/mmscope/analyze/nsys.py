@@ -20,11 +20,9 @@ KIND_OF_TYPE = {"NvtxPushPopRange": tbl.PUSH_POP, "NvtxtPushPopRange": tbl.PUSH_
                 "NvtxStartEndRange": tbl.START_END, "NvtxtStartEndRange": tbl.START_END,
                 "NvtxMark": tbl.MARK}
 PID_BITS = 0xFFFFFF000000  # the pid part of a globalTid, as NVIDIA's reports join domains
-# The analyzer's columns of NVTX_EVENTS, their defaults where a file lacks one, and their types
-# (each column costs its width again on the way into numpy).
-COLUMNS = (("start", "0", "BIGINT"), ("end", None, "BIGINT"), ("eventType", "0", "SMALLINT"),
-           ("globalTid", "0", "BIGINT"), ("endGlobalTid", None, "BIGINT"),
-           ("textId", "-1", "BIGINT"), ("domainId", "0", "INTEGER"))
+# Kinds of the metadata rows, which leave the table once read (below the range kinds).
+OTHER, THREAD_NAME, DOMAIN_CREATE = -1, -2, -3
+META_KINDS = {"NvtxThread": THREAD_NAME, "NvtxDomainCreate": DOMAIN_CREATE}
 
 
 def is_sqlite(head: bytes) -> bool:
@@ -43,8 +41,13 @@ def load(path: str, workers: int | None = None) -> tbl.RangeTable:
                 return _load(con, path)
             finally:
                 con.close()
-    except duckdb.Error as e:
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    except (duckdb.Error, UnicodeDecodeError, SystemError) as e:
+        # A corrupt file breaks the SQLite reader, or hands back text that is no UTF-8 (which
+        # DuckDB's numpy conversion reports as a SystemError over the UnicodeDecodeError).
+        if isinstance(e, SystemError) and not isinstance(e.__context__, UnicodeDecodeError):
+            raise
+        cause = e.__context__ if isinstance(e, SystemError) else e
+        why = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         raise UserError(f"{path}: not a readable SQLite database ({why})") from None
 
 
@@ -55,51 +58,66 @@ def _load(con, path: str) -> tbl.RangeTable:
     cols = {r[0] for r in con.execute(
         "SELECT column_name FROM duckdb_columns() WHERE database_name = 'db' AND table_name = ?",
         [name]).fetchall()}
-    raw = _read_events(con, name, cols)
+    raw = _read_events(con, name, cols, _event_types(con, tables))
     strings = _string_ids(con, tables)
     registered = _Registered(strings)
-    return _to_table(raw, _event_types(con, tables), registered,
-                     _thread_names_table(con, tables, strings), _process_names(con, tables),
-                     _session_clock(con, tables))
+    return _to_table(raw, registered, _thread_names_table(con, tables, strings),
+                     _process_names(con, tables), _session_clock(con, tables))
 
 
 def _q(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
-def _read_events(con, name: str, cols: set[str]) -> dict:
-    """The columns of every NVTX row in rowid order (DuckDB keeps the scan's order), NULLs
-    replaced (a missing end reads as start - 1: build() takes an end before the start as none),
-    and the texts dictionary-coded."""
-    exprs = []
-    for col, default, sql_type in COLUMNS:
-        have = col in cols
-        if col == "end":
-            expr = f"coalesce({_q(col)}, start - 1)" if have else "start - 1"
-        elif col == "eventType":  # ids past SMALLINT name no NVTX type: -1, a row that leaves
-            expr = (f"CASE WHEN {_q(col)} BETWEEN 0 AND 32767 THEN {_q(col)} ELSE -1 END"
-                    if have else default)
-        elif col == "endGlobalTid":
-            expr = f"coalesce({_q(col)}, globalTid, 0)" if have else "coalesce(globalTid, 0)"
-        else:
-            expr = f"coalesce({_q(col)}, {default})" if have else default
-        exprs.append(f"CAST({expr} AS {sql_type})")
-    has_text = "text" in cols
-    if has_text:
-        exprs.append("text IS NOT NULL")
-    got = con.execute(f"SELECT {', '.join(exprs)} FROM db.{_q(name)}").fetchnumpy()
-    keys = list(got)
-    out = {k: np.asarray(got[keys[j]]) for j, (k, _, _) in enumerate(COLUMNS)}
-    with_text = np.asarray(got[keys[-1]]) if has_text else None
-    del got
-    out["text_code"], out["texts"] = _text_codes(con, name, len(out["start"]), with_text)
+def _read_events(con, name: str, cols: set[str], types: dict[int, str]) -> dict:
+    """The columns of every NVTX row in rowid order (DuckDB keeps the scan's order), as narrow
+    as they can be (each column costs its width again on the way into numpy): NULLs replaced
+    (a missing end reads as start - 1: build() takes an end before the start as none), the
+    kind of each row decided by its event type, and the texts dictionary-coded."""
+    def column(col: str, expr: str, default: str) -> str:
+        return expr if col in cols else default
+
+    kinds = {i: KIND_OF_TYPE.get(n, META_KINDS.get(n)) for i, n in types.items()}
+    cases = " ".join(f"WHEN {i} THEN {k}" for i, k in sorted(kinds.items()) if k is not None)
+    exprs = {
+        "start": column("start", "coalesce(start, 0)", "0"),
+        "end": column("end", 'coalesce("end", coalesce(start, 0) - 1)', "coalesce(start, 0) - 1"),
+        "thread": column("globalTid", "coalesce(globalTid, 0)", "0"),
+        "text_id": column("textId", "coalesce(textId, -1)", "-1"),
+        "kind": column("eventType", f"CAST(CASE eventType {cases} ELSE {OTHER} END AS TINYINT)",
+                       f"CAST({OTHER} AS TINYINT)"),
+        "domain": column("domainId", "CAST(coalesce(domainId, 0) AS INTEGER)", "0"),
+        "crosses": column("endGlobalTid", "coalesce(endGlobalTid != globalTid, false)", "false"),
+        "has_text": column("text", "text IS NOT NULL", "false")}
+    got = con.execute(f"SELECT {', '.join(f'{e} AS {_q(k)}' for k, e in exprs.items())} "
+                      f"FROM db.{_q(name)}").fetchnumpy()
+    out = {k: np.asarray(got.pop(k)) for k in exprs}
+    out["text_code"], out["texts"] = _text_codes(con, name, out.pop("has_text"))
+    out["end_thread"] = _end_threads(con, name, out["thread"], out.pop("crosses"))
     return out
 
 
-def _text_codes(con, name: str, n: int, with_text):
+def _end_threads(con, name: str, thread: np.ndarray, crosses: np.ndarray) -> np.ndarray:
+    """The thread each row ends on: its own (the same array) but for start/end ranges that
+    another thread ended, read in a second query."""
+    at = np.flatnonzero(crosses)
+    if len(at) == 0:
+        return thread
+    got = con.execute(f"SELECT endGlobalTid FROM db.{_q(name)} WHERE endGlobalTid != globalTid "
+                      "ORDER BY rowid").fetchnumpy()
+    values = np.asarray(got[list(got)[0]])
+    if len(values) != len(at):
+        raise UserError(f"NVTX_EVENTS changed while it was read ({len(at)} ranges ending on "
+                        f"another thread, then {len(values)})")
+    end_thread = thread.copy()
+    end_thread[at] = values
+    return end_thread
+
+
+def _text_codes(con, name: str, with_text: np.ndarray):
     """Per row the index of its text in the returned list ("" first: no text)."""
-    codes = np.zeros(n, np.int64)
-    if with_text is None or not with_text.any():
+    codes = np.zeros(len(with_text), np.int64)
+    if not with_text.any():
         return codes, [""]
     got = con.execute(
         f"SELECT text FROM db.{_q(name)} WHERE text IS NOT NULL ORDER BY rowid").fetchnumpy()
@@ -178,27 +196,22 @@ def _session_clock(con, tables: set[str]) -> str:
     return "nsys session (start not recorded)"
 
 
-def _to_table(raw: dict, types: dict[int, str], registered: "_Registered",
-              thread_names: dict[int, str], process_names: dict[int, str],
-              clock: str) -> tbl.RangeTable:
-    """Resolve names, domains and kinds; metadata rows leave. Consumes `raw` to save memory."""
-    event_type = raw.pop("eventType")
-    names, name_code = _resolve_names(raw.pop("textId"), raw.pop("text_code"), raw["texts"],
+def _to_table(raw: dict, registered: "_Registered", thread_names: dict[int, str],
+              process_names: dict[int, str], clock: str) -> tbl.RangeTable:
+    """Resolve names and domains; metadata rows leave. Consumes `raw` to save memory."""
+    names, name_code = _resolve_names(raw.pop("text_id"), raw.pop("text_code"), raw["texts"],
                                       registered)
-    kind_of = {i: KIND_OF_TYPE[n] for i, n in types.items() if n in KIND_OF_TYPE}
-    kind = _kinds(event_type, kind_of)  # -1: a metadata row
+    kind = raw.pop("kind")
     meta_rows = np.flatnonzero(kind < 0)
-    raw["thread"] = raw.pop("globalTid")
-    meta = (raw, event_type, meta_rows, types, names, name_code)
-    thread_names = {**_thread_name_events(*meta), **thread_names}
-    domain_names = _domain_names(*meta)
-    del meta
-    end_thread = raw.pop("endGlobalTid")
-    if np.array_equal(end_thread, raw["thread"]):
-        end_thread = raw["thread"]  # one array: no range ends on another thread
+    domain_names: dict[tuple[int, int], str] = {}
+    if len(meta_rows):
+        found = (raw, kind, meta_rows, names, name_code)
+        thread_names = {**_thread_name_events(*found), **thread_names}
+        domain_names = _domain_names(*found)
+        del found
     cols = {"start": raw.pop("start"), "end": raw.pop("end"), "thread": raw.pop("thread"),
-            "name": name_code, "end_thread": end_thread, "domain": raw.pop("domainId")}
-    del name_code, end_thread, event_type
+            "name": name_code, "end_thread": raw.pop("end_thread"), "domain": raw.pop("domain")}
+    del name_code
     if len(meta_rows):  # metadata rows (domains, thread names, categories) leave the table
         rows = np.flatnonzero(kind >= 0)
         shared = cols["end_thread"] is cols["thread"]
@@ -222,33 +235,27 @@ def _resolve_names(text_id: np.ndarray, text_codes: np.ndarray, texts: list[str]
     fallback = len(ids) + text_codes
     if len(ids) == 0:
         return names, fallback
+    if 0 <= ids[0] and ids[-1] < 4 * len(ids) + (1 << 16):  # nsys numbers its strings densely
+        slot = np.full(int(ids[-1]) + 2, -1, np.int64)  # the last slot: ids out of range
+        slot[ids] = np.arange(len(ids))
+        pos = slot[np.clip(text_id, -1, len(slot) - 1)]
+        return names, np.where(pos >= 0, pos, fallback)
     pos = np.minimum(np.searchsorted(ids, text_id), len(ids) - 1)
     return names, np.where(ids[pos] == text_id, pos, fallback)
 
 
-def _kinds(event_type: np.ndarray, kind_of: dict[int, int]) -> np.ndarray:
-    """The range kind of each event type, -1 for the others (metadata rows)."""
-    kind = np.full(len(event_type), -1, np.int8)
-    for type_id, k in kind_of.items():
-        kind[event_type == type_id] = k
-    return kind
-
-
-def _thread_name_events(raw, event_type, meta_rows, types, names, name_code) -> dict[int, str]:
-    ids = [i for i, n in types.items() if n == "NvtxThread"]
-    rows = meta_rows[np.isin(event_type[meta_rows], ids)]
+def _thread_name_events(raw, kind, meta_rows, names, name_code) -> dict[int, str]:
+    rows = meta_rows[kind[meta_rows] == THREAD_NAME]
     return {int(raw["thread"][r]): names[int(name_code[r])] for r in rows}
 
 
-def _domain_names(raw, event_type, meta_rows, types, names,
-                  name_code) -> dict[tuple[int, int], str]:
+def _domain_names(raw, kind, meta_rows, names, name_code) -> dict[tuple[int, int], str]:
     """(pid bits, domainId) -> name; the first create of a domain in a process wins."""
-    ids = [i for i, n in types.items() if n == "NvtxDomainCreate"]
-    rows = meta_rows[np.isin(event_type[meta_rows], ids)]
+    rows = meta_rows[kind[meta_rows] == DOMAIN_CREATE]
     rows = rows[np.argsort(raw["start"][rows], kind="stable")]
     out: dict[tuple[int, int], str] = {}
     for r in rows:
-        key = (int(raw["thread"][r]) & PID_BITS, int(raw["domainId"][r]))
+        key = (int(raw["thread"][r]) & PID_BITS, int(raw["domain"][r]))
         out.setdefault(key, names[int(name_code[r])])
     return out
 

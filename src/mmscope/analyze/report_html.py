@@ -1,17 +1,15 @@
-"""The self-contained HTML report: tables plus plots embedded as base64 PNG (matplotlib, Agg).
-
-Plots: stage breakdown, forward time against batch tokens, encoder time per preprocess step.
+"""The HTML report: one self-contained file (style, script and data inline; nothing fetched) that
+shows the stage tree per role as an icicle and a table, self time by stage, the checks, the
+per-step view, the steps and the encoder cache (benefit, and counters and time to first token
+when a /metrics page was given).
 """
 from __future__ import annotations
 
-import base64
 import html
-import io
+import json
 
-from mmscope import stages
-from mmscope.analyze.report import Analysis, fmt_ns
-
-TOP_STAGES = 25
+from mmscope.analyze.report import Analysis, fmt_ns, fmt_share, tree_prefixes, where_text
+from mmscope.analyze.report_script import CSS, JS
 
 
 def write_html(analysis: Analysis, path: str) -> None:
@@ -20,114 +18,152 @@ def write_html(analysis: Analysis, path: str) -> None:
 
 
 def render(analysis: Analysis) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
     info = analysis.profile
-    parts = [f"<h1>mmscope analyze: {html.escape(info['path'])}</h1>",
-             f"<p>{html.escape(info['format'])}: {info['ranges']} ranges, {info['threads']} "
-             f"threads, {info['processes']} processes, span {fmt_ns(info['span_ns'])}</p>",
-             "<h2>Stages</h2>", _img(_plot_stages(analysis.stages)), _stage_table(analysis.stages),
+    parts = [f"<h1>mmscope analyze: {_e(info['path'])}</h1>",
+             f"<p>{_e(info['format'])}, {_e(info['clock'])}: {info['ranges']} ranges, "
+             f"{info['threads']} threads, {len(info['processes'])} processes, span "
+             f"{fmt_ns(info['span_ns'])}</p>",
+             _processes(info["processes"]),
              "<h2>Checks</h2>", _checks(analysis.checks),
-             "<h2>Forward time against batch shape</h2>",
-             _img(_plot_forward(analysis.plots.get("forward"))),
-             "<h2>Encoder time per step</h2>", _img(_plot_encoder(analysis))]
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>mmscope report</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
+             "<h2>Stage tree</h2><p class='note'>Per process role, each stage under the stage "
+             "that holds it; width is total time, a darker box has more self time (its time "
+             "less its children's). Hover for the figures, click to zoom in or out.</p>"]
+    for role in info["roles"]:
+        parts += [f"<h3>{_e(role)}: {_e(where_text(role, info['processes']))}</h3>",
+                  f"<div class='icicle-holder' data-role='{_e(role)}'></div>",
+                  "<p class='note'>Self time by stage: where the time goes, counted once.</p>",
+                  f"<div class='self-holder' data-role='{_e(role)}'></div>",
+                  _tree_table([n for n in analysis.tree if n["role"] == role])]
+    parts += ["<h2>Steps</h2>", _per_step_note(analysis.per_step),
+              "<div id='per-step'></div>", _steps(analysis.steps),
+              "<h2>Encoder cache</h2>", _benefit(analysis.cache_benefit),
+              _cache(analysis.cache),
+              "<h2>Stages, flat</h2>", _flat_table(analysis.stages)]
+    data = json.dumps({"tree": analysis.tree, "per_step": analysis.per_step},
+                      separators=(",", ":")).replace("</", "<\\/")
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>mmscope report</title>"
+            f"<style>{CSS}</style></head><body>{''.join(parts)}<div id='tip'></div>"
+            f"<script id='analysis' type='application/json'>{data}</script>"
+            f"<script>{JS}</script></body></html>\n")
 
 
-_CSS = ("body{font-family:sans-serif;margin:2em;max-width:1200px}"
-        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
-        "padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
-        ".ok{color:#080}.fail{color:#b00;font-weight:bold}img{max-width:100%}")
+def _e(text) -> str:
+    return html.escape(str(text), quote=True)
 
 
-def _img(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    if fig is None:
-        return "<p>(no data for this plot)</p>"
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    data = base64.b64encode(buf.getvalue()).decode()
-    return f"<img alt='plot' src='data:image/png;base64,{data}'>"
+def _table(head: list[str], rows: list[list], classes: dict[int, str] | None = None) -> str:
+    classes = classes or {}
+    body = "".join("<tr>" + "".join(
+        f"<td class='{classes[j]}'>{c}</td>" if j in classes else f"<td>{c}</td>"
+        for j, c in enumerate(row)) + "</tr>" for row in rows)
+    return ("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{body}</table>")
 
 
-def _stage_table(rows: list[dict]) -> str:
-    head = "".join(f"<th>{h}</th>" for h in
-                   ("stage", "count", "total", "mean", "p50", "p90", "p99", "max", "of parent"))
-    body = []
-    for r in rows:
-        share = ("" if r["share_of_parent"] is None else
-                 f"{100 * r['share_of_parent']:.1f}% of {html.escape(str(r['parent']))}")
-        cells = [html.escape(r["name"]), str(r["count"])] + [
-            fmt_ns(r[k]) for k in ("total_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns")]
-        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells + [share]) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+def _processes(processes: list[dict]) -> str:
+    rows = [[p["pid"], _e(p["name"] or ""), _e(p["role"]),
+             ", ".join(_e(f"{t['tid']}" + (f" {t['name']}" if t["name"] else "")
+                          + f": {t['ranges']}") for t in p["threads"]), p["ranges"]]
+            for p in processes]
+    return _table(["pid", "process", "role", "threads (tid name: ranges)", "ranges"], rows)
 
 
 def _checks(rows: list[dict]) -> str:
     items = [f"<li><span class='{'ok' if c['ok'] else 'fail'}'>{'ok' if c['ok'] else 'FAIL'}"
-             f"</span> {html.escape(c['name'])}: {html.escape(c['detail'])}</li>" for c in rows]
+             f"</span> {_e(c['name'])}: {_e(c['detail'])}</li>" for c in rows]
     return f"<ul>{''.join(items)}</ul>"
 
 
-def _plot_stages(rows: list[dict]):
-    import matplotlib.pyplot as plt
-
-    rows = rows[:TOP_STAGES]
-    if not rows:
-        return None
-    fig, ax = plt.subplots(figsize=(9, 0.3 * len(rows) + 1))
-    names = [r["name"] for r in rows][::-1]
-    totals = [r["total_ns"] / 1e6 for r in rows][::-1]
-    ax.barh(names, totals, color="#4477aa")
-    ax.set_xlabel("total time (ms)")
-    ax.set_title("time per stage")
-    return fig
+FIGURE_HEAD = ["count", "total", "self", "mean", "p50", "p90", "p99"]
 
 
-def _plot_forward(points: dict | None):
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from mmscope.analyze import steps
-
-    if not points:
-        return None
-    total = np.array(points["total"], np.int64)
-    fwd = np.array(points["forward_ns"], np.int64) / 1e3
-    kinds = steps.kind_of(np.array(points["prefill"], np.int64),
-                          np.array(points["decode"], np.int64))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for kind, color in (("prefill", "#cc6677"), ("decode", "#4477aa"), ("mixed", "#228833"),
-                        ("idle", "#999999")):
-        sel = kinds == kind
-        if sel.any():
-            ax.scatter(total[sel], fwd[sel], s=6, alpha=0.5, color=color, label=kind)
-    ax.set_xlabel("tokens in the step (prefill + decode)")
-    ax.set_ylabel("forward time (µs)")
-    ax.legend()
-    return fig
+def _figures(r: dict) -> list:
+    return [r["count"]] + [fmt_ns(r[k]) for k in ("total_ns", "self_ns", "mean_ns", "p50_ns",
+                                                   "p90_ns", "p99_ns")]
 
 
-def _plot_encoder(analysis: Analysis):
-    import matplotlib.pyplot as plt
-    import numpy as np
+def _tree_table(nodes: list[dict]) -> str:
+    rows = [[_e(prefix + n["name"])] + _figures(n) + [fmt_share(n["share_of_parent"])]
+            for prefix, n in zip(tree_prefixes(nodes), nodes)]
+    return _table(["stage"] + FIGURE_HEAD + ["% of parent"], rows, {0: "name"})
 
-    points = analysis.plots.get("encoder")
-    if not points:
-        return None
-    idx = np.array(points["step"], np.int64)
-    pre_us = np.array(points["preprocess_ns"], np.int64) / 1e3
-    enc = np.array(points["encoder_ns"], np.int64)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.scatter(idx, pre_us, s=5, alpha=0.4, color="#999999", label=stages.PREPROCESS)
-    ran = enc > 0
-    ax.scatter(idx[ran], enc[ran] / 1e3, s=6, alpha=0.6, color="#cc6677",
-               label=f"{stages.VIT_FORWARD} inside it")
-    ax.set_xlabel(f"step ('{stages.PREPROCESS}' range, time order)")
-    ax.set_ylabel("time (µs)")
-    ax.legend()
-    return fig
+
+def _flat_table(stages: list[dict]) -> str:
+    rows = [[_e(r["name"])] + _figures(r) + [fmt_ns(r["max_ns"]), fmt_share(r["share_of_parent"]),
+             "" if r["parent"] is None else
+             _e(f"{r['parent']} ({r['in_parent']} in {r['parent_count']})")] for r in stages]
+    return _table(["stage"] + FIGURE_HEAD + ["max", "% of parent", "parent"], rows)
+
+
+def _per_step_note(view: dict | None) -> str:
+    if view is None:
+        return "<p>No step: no forward follows a preprocess range on its thread.</p>"
+    return (f"<p class='note'>Each step (a preprocess range and what follows on its thread "
+            f"until the next) as a stacked bar at its start time: {view['shown']} of "
+            f"{view['steps']} steps shown, taken evenly over the profile. The strip below the "
+            "bars tells the step's kind by its step_meta shape.</p>")
+
+
+def _steps(s: dict) -> str:
+    if s.get("available") is False:
+        return f"<p>{_e(s['reason'])}</p>"
+    rows = [[k["kind"], k["steps"], fmt_ns(k["forward_mean_ns"]), fmt_ns(k["forward_p50_ns"]),
+             f"{k['tokens_mean']:g}"] for k in s["by_kind"]]
+    fit = (f"<p>forward ≈ {fmt_ns(s['fit']['intercept_ns'])} + "
+           f"{fmt_ns(s['fit']['ns_per_token'])} per token (r² {s['fit']['r2']}, "
+           f"{s['fit']['steps']} steps)</p>" if s["fit"] else f"<p>{_e(s['fit_reason'])}</p>")
+    return (f"<p>{s['pairs']} forwards joined to a step_meta ({s['forwards']} forwards, "
+            f"{s['step_metas']} step_meta)</p>"
+            + _table(["kind", "steps", "forward mean", "forward p50", "tokens (mean)"], rows)
+            + fit)
+
+
+def _side(side: dict) -> list:
+    if not side["steps"]:
+        return [0, "-", "-", "-"]
+    return [side["steps"], fmt_ns(side["mean_ns"]), fmt_ns(side["p50_ns"]),
+            fmt_ns(side.get("encoder_mean_ns"))]
+
+
+def _benefit(b: dict) -> str:
+    if not b["available"]:
+        return f"<h3>Benefit</h3><p>{_e(b['reason'])}</p>"
+    rows = [[r["kind"]] + _side(r["with_encoder"]) + _side(r["without_encoder"])[:3]
+            + [fmt_ns(r["difference_ns"])] for r in b["by_kind"]]
+    head = ["kind", "steps with encoder work", "preprocess mean", "p50", "of it the encoder",
+            "steps without", "preprocess mean", "p50", "difference"]
+    e, left = b["encoder"], b["without_forward"]
+    headline = ("no kind of step has steps both with and without encoder work"
+                if b["compared_kind"] is None else
+                f"a {b['compared_kind']} step without encoder work spends "
+                f"{fmt_ns(b['preprocess_saved_ns'])} less in preprocess")
+    return (f"<h3>Benefit, like for like</h3><p>{b['steps']} steps (a preprocess a forward "
+            f"follows), {b['encoder_steps']} ran the encoder: {_e(headline)}. The encoder "
+            f"itself: mean {fmt_ns(e['mean_ns'])}, p50 {fmt_ns(e['p50_ns'])} over "
+            f"{e['steps']} steps ({fmt_share(b['encoder_share_of_preprocess'])} of their "
+            f"preprocess).</p>" + _table(head, rows)
+            + (f"<p class='note'>{left['ranges']} preprocess ranges no forward follows (mean "
+               f"{fmt_ns(left['mean_ns'])}) are no step and left out.</p>"
+               if left["ranges"] else ""))
+
+
+def _cache(c: dict | None) -> str:
+    if c is None:
+        return ("<p class='note'>Counters and time to first token: give the server's /metrics "
+                "page (<code>mmscope analyze PROFILE --metrics URL_OR_FILE</code>).</p>")
+    rate = "-" if c["hit_rate"] is None else f"{100 * c['hit_rate']:.1f}%"
+    counts = [[_e(k), v] for k, v in c["counters"].items()]
+    counts += [[_e(f"hits from {k}"), v] for k, v in c["hits_by_source"].items()]
+    out = (f"<h3>Counters ({_e(c['source'])})</h3><p>hit rate <b>{rate}</b></p>"
+           + _table(["counter", "items"], counts))
+    for outcome, split in (c["ttft"] or {}).items():
+        if not split["requests"]:
+            continue
+        rows = [["time to first token"] + _ms(split["ttft"])]
+        rows += [[_e(p)] + _ms(v) for p, v in split["parts"].items()]
+        out += (f"<h3>Time to first token, {outcome}s ({split['requests']} requests)</h3>"
+                + _table(["part", "mean ms", "p50 ms", "p90 ms"], rows))
+    return out
+
+
+def _ms(v: dict) -> list:
+    return ["-" if v[k] is None else f"{v[k]:g}" for k in ("mean_ms", "p50_ms", "p90_ms")]

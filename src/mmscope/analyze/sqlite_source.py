@@ -70,8 +70,10 @@ def connect(path: str, threads: int | None = None):
     import duckdb
 
     # Rows come back in the scan's (rowid) order, which the reader's second query relies on.
+    from mmscope.analyze.sql import RELEASE_MEMORY
+
     config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
-              "preserve_insertion_order": True}
+              "preserve_insertion_order": True, **RELEASE_MEMORY}
     if threads is not None:
         config["threads"] = threads
     con = duckdb.connect(config=config)

@@ -1,6 +1,8 @@
-"""The step join: each forward range with the nearest preceding step_meta on the same thread.
+"""The steps of a profile: each forward joined in SQL (ASOF) to the nearest preceding step_meta on
+its thread (the step's batch shape) and to the preprocess it follows (the step's preprocess).
 
-It gives forward time against the step's batch shape (prefill/decode tokens, requests).
+It gives forward time against batch shape, and the per-step table the cache benefit and the
+report's per-step view read.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import re
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.table import RangeTable, latest_before
+from mmscope.analyze.table import RangeTable, enclosing
 
 SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
 
@@ -101,6 +103,9 @@ def _parse_regex(names: list[str], text: str) -> np.ndarray | None:
     return out
 
 
+KINDS = ("prefill", "decode", "mixed", "idle", "unknown")  # unknown: no step_meta joined
+
+
 class StepPairs:
     """The step join's columns (numpy, equal length), one row per joined forward: `len()` is the
     number of rows and `pairs[name]` a column, as of a DataFrame."""
@@ -117,47 +122,131 @@ class StepPairs:
         return self._columns[name]
 
 
-def step_join(table: RangeTable) -> StepPairs:
+def register(sql, view: str, table: RangeTable, rows: np.ndarray) -> None:
+    """Some rows of the table as a small view: row, thread, start, end, name."""
+    sql.register(view, {"row": rows.astype(np.int64), "thread": table.thread[rows],
+                        "start": table.start[rows], "end": table.end[rows],
+                        "name": table.name_id[rows]})
+
+
+# Of step_meta ranges that start together on a thread, the last in row order is the step's.
+JOIN = """
+WITH metas AS (SELECT thread, start, max(row) AS row, arg_max(name, row) AS name
+               FROM meta GROUP BY thread, start)
+SELECT f.row AS forward_row, m.row AS meta_row, f.thread, f.start, f."end" - f.start AS forward_ns,
+       m.name AS meta_name
+FROM fwd f ASOF JOIN metas m ON f.thread = m.thread AND f.start >= m.start
+ORDER BY f.start, f.row
+"""
+
+
+def step_join(frame) -> StepPairs:
     """One row per forward that found a step_meta, in time order (start, then row)."""
-    forwards = table.rows_named(stages.FORWARD)
+    table, sql = frame.table, frame.sql
     metas, shapes = step_meta_rows(table)
-    meta_of = latest_before(table, metas, forwards)
-    hit = meta_of >= 0
-    f, m = forwards[hit], meta_of[hit]
-    start = table.start[f]
-    order = np.argsort(start, kind="stable")  # forwards come in row order: ties stay by row
-    f, m, start = f[order], m[order], start[order]
-    ids = table.name_id[m]
+    register(sql, "fwd", table, table.rows_named(stages.FORWARD))
+    register(sql, "meta", table, metas)
+    got = sql.query(JOIN)
     by_field = np.ascontiguousarray(shapes.T)  # one 1-D gather per field, not rows of four
-    return StepPairs({"forward_row": f, "meta_row": m, "thread": table.thread[f], "start": start,
-                      "forward_ns": table.end[f] - start,
-                      **{k: by_field[j][ids] for j, k in enumerate(SHAPE_FIELDS)}})
+    ids = got.pop("meta_name")
+    return StepPairs({**got, **{k: by_field[j][ids] for j, k in enumerate(SHAPE_FIELDS)}})
 
 
-def kind_of(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:
-    """'prefill', 'decode', 'mixed' or 'idle' per step."""
-    out = np.full(len(prefill), "idle", dtype=object)
-    out[(prefill > 0) & (decode == 0)] = "prefill"
-    out[(prefill == 0) & (decode > 0)] = "decode"
-    out[(prefill > 0) & (decode > 0)] = "mixed"
-    return out
+# Each forward with the preprocess it follows on its thread; a preprocess' step is its first.
+FORWARD_OF = """
+WITH joined AS (SELECT p.row AS pre, f.row AS fwd, f.start
+                FROM fwd f ASOF JOIN pre p ON f.thread = p.thread AND f.start >= p.start)
+SELECT pre, arg_min(fwd, start) AS fwd FROM joined GROUP BY pre
+"""
 
 
-def summary(table: RangeTable, pairs) -> dict:
+class Steps:
+    """One row per preprocess range, in time order: `pre` its row, `forward` the row of the
+    forward that follows it (-1: none, no step), `meta` that forward's step_meta row (-1), the
+    shape and kind, and its times: `pre_ns`, `encoder_ns` (vit_forward inside it), `forward_ns`."""
+
+    def __init__(self, columns: dict[str, np.ndarray]):
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns["pre"])
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+
+def steps_of(frame, pairs: StepPairs) -> Steps:
+    table, sql = frame.table, frame.sql
+    pre = table.rows_named(stages.PREPROCESS)
+    pre = pre[np.argsort(table.start[pre], kind="stable")]
+    register(sql, "pre", table, pre)
+    got = sql.query(FORWARD_OF)
+    forward = np.full(len(table), -1, np.int64)
+    forward[got["pre"]] = got["fwd"]
+    forward = forward[pre]
+    meta = np.full(len(table), -1, np.int64)
+    if len(pairs):
+        meta[pairs["forward_row"]] = pairs["meta_row"]
+    meta = np.where(forward >= 0, meta[np.maximum(forward, 0)], -1)
+    shapes = step_meta_rows(table)[1][table.name_id[np.maximum(meta, 0)]]
+    shapes[meta < 0] = -1
+    cols = {"pre": pre, "forward": forward, "meta": meta, "thread": table.thread[pre],
+            "start": table.start[pre], "pre_ns": table.end[pre] - table.start[pre],
+            "encoder_ns": _encoder_time(table, pre),
+            "forward_ns": np.where(forward >= 0, table.end[forward] - table.start[forward], 0),
+            **{k: shapes[:, j] for j, k in enumerate(SHAPE_FIELDS)}}
+    cols["kind"] = kind_codes(cols["prefill"], cols["decode"])
+    return Steps(cols)
+
+
+def _encoder_time(table: RangeTable, pre: np.ndarray) -> np.ndarray:
+    """Per preprocess row, the vit_forward time inside it."""
+    vit = table.rows_named(stages.VIT_FORWARD)
+    host = enclosing(table, pre, vit)
+    inside = host >= 0
+    total = np.zeros(len(table), np.int64)
+    np.add.at(total, host[inside], table.end[vit[inside]] - table.start[vit[inside]])
+    return total[pre]
+
+
+def kind_codes(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:
+    """Index into KINDS per step: prefill, decode, mixed, idle; unknown without a shape."""
+    code = np.full(len(prefill), KINDS.index("idle"), np.int8)
+    code[(prefill > 0) & (decode == 0)] = KINDS.index("prefill")
+    code[(prefill == 0) & (decode > 0)] = KINDS.index("decode")
+    code[(prefill > 0) & (decode > 0)] = KINDS.index("mixed")
+    code[prefill < 0] = KINDS.index("unknown")
+    return code
+
+
+def cut_metas(frame, metas: np.ndarray) -> np.ndarray:
+    """Of these step_meta rows, those the trace ends inside of: the last step_meta of its
+    thread, with no forward of that thread starting at or after it (the process was stopped
+    before its forward ended, or the profile's window closed). Reads the views of step_join."""
+    if len(metas) == 0:
+        return metas
+    last = frame.sql.rows("""SELECT m.thread, max(m.start),
+                                    (SELECT max(f.start) FROM fwd f WHERE f.thread = m.thread)
+                             FROM meta m GROUP BY m.thread""")
+    ends = {thread: (meta, -1 if forward is None else forward) for thread, meta, forward in last}
+    table = frame.table
+    cut = [m for m, thread, start in zip(metas.tolist(), table.thread[metas].tolist(),
+                                         table.start[metas].tolist())
+           if start == ends[thread][0] and ends[thread][1] < start]
+    return np.array(cut, np.int64)
+
+
+def summary(frame, pairs: StepPairs) -> dict:
     """Counts, unmatched ranges, forward time per step kind and a linear fit against tokens."""
+    table = frame.table
     forwards = len(table.rows_named(stages.FORWARD))
     metas = len(step_meta_rows(table)[0])
-    joined = 0
-    if len(pairs):
-        seen = np.zeros(len(table), bool)
-        seen[pairs["meta_row"]] = True
-        joined = int(np.count_nonzero(seen))
+    joined = len(np.unique(pairs["meta_row"])) if len(pairs) else 0
     fit, fit_reason = _fit(pairs)
-    out = {"pairs": len(pairs), "forwards": forwards, "step_metas": metas,
-           "unmatched_forwards": forwards - len(pairs), "unjoined_step_metas": metas - joined,
-           "by_kind": _by_kind(pairs), "fit": fit, "fit_reason": fit_reason,
-           "available": len(pairs) > 0, "reason": _missing(forwards, metas, len(pairs))}
-    return out
+    return {"pairs": len(pairs), "forwards": forwards, "step_metas": metas,
+            "unmatched_forwards": forwards - len(pairs), "unjoined_step_metas": metas - joined,
+            "by_kind": _by_kind(frame.sql, pairs), "fit": fit, "fit_reason": fit_reason,
+            "available": len(pairs) > 0, "reason": _missing(forwards, metas, len(pairs))}
 
 
 def _missing(forwards: int, metas: int, pairs: int) -> str | None:
@@ -176,27 +265,21 @@ def _missing(forwards: int, metas: int, pairs: int) -> str | None:
             f"{metas} step_meta)")
 
 
-def _by_kind(pairs) -> list[dict]:
+BY_KIND = """
+SELECT kind, count(*) AS steps, avg(forward_ns) AS mean, quantile_disc(forward_ns, 0.5) AS p50,
+       avg(total) AS tokens
+FROM joined GROUP BY kind ORDER BY kind
+"""
+
+
+def _by_kind(sql, pairs: StepPairs) -> list[dict]:
     if len(pairs) == 0:
         return []
-    fwd, total = pairs["forward_ns"], pairs["total"]
-    prefill, decode = pairs["prefill"], pairs["decode"]
-    # kind_of's classes as masks (no string per step).
-    masks = {"prefill": (prefill > 0) & (decode == 0), "decode": (prefill == 0) & (decode > 0),
-             "mixed": (prefill > 0) & (decode > 0)}
-    masks["idle"] = ~(masks["prefill"] | masks["decode"] | masks["mixed"])
-    out = []
-    for k in ("prefill", "decode", "mixed", "idle"):
-        sel = masks[k]
-        n = int(sel.sum())
-        if n == 0:
-            continue
-        mine = fwd[sel]
-        rank = (50 * n + 99) // 100 - 1
-        out.append({"kind": k, "steps": n, "forward_mean_ns": int(round(mine.mean())),
-                    "forward_p50_ns": int(np.partition(mine, rank)[rank]),
-                    "tokens_mean": round(float(total[sel].mean()), 3)})
-    return out
+    sql.register("joined", {"kind": kind_codes(pairs["prefill"], pairs["decode"]),
+                            "forward_ns": pairs["forward_ns"], "total": pairs["total"]})
+    return [{"kind": KINDS[kind], "steps": n, "forward_mean_ns": int(round(mean)),
+             "forward_p50_ns": int(p50), "tokens_mean": round(float(tokens), 3)}
+            for kind, n, mean, p50, tokens in sql.rows(BY_KIND)]
 
 
 def _fit(pairs) -> tuple[dict | None, str | None]:
@@ -211,4 +294,4 @@ def _fit(pairs) -> tuple[dict | None, str | None]:
     resid = y - (intercept + slope * x)
     r2 = 1.0 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum()) if np.ptp(y) else 1.0
     return {"ns_per_token": round(float(slope), 3), "intercept_ns": round(float(intercept), 1),
-            "r2": round(r2, 4)}, None
+            "r2": round(r2, 4), "steps": len(pairs)}, None

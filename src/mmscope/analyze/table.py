@@ -23,7 +23,10 @@ class RangeTable:
     `domains` ("" is the default domain); `thread` is nsys' globalTid (pid << 24 | tid); `parent`
     is the row index of the enclosing range or -1; `unclosed` rows had no end (their end is the
     profile's last timestamp, as nsys' own reports do); `crossing` holds the rows that overlap
-    an earlier range of their thread partly (neither contains the other: not nested, one level).
+    an earlier range of their thread partly (neither contains the other: not nested, one level);
+    `own_overlaps` those of them that overlap by their recorder's design (`torch_frames`);
+    `frame` marks what a profiler recorded by itself (the torch profiler's Python functions and
+    operators), as opposed to the ranges a program named, the stages (None: no frames).
     """
 
     name_id: np.ndarray
@@ -43,6 +46,8 @@ class RangeTable:
     source: str = ""
     clock: str = ""
     crossing: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    own_overlaps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    frame: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -106,7 +111,7 @@ class RangeTable:
     def name_of(self, row: int) -> str:
         return self.names[int(self.name_id[row])]
 
-    def frame(self):
+    def data_frame(self):
         """The table as a polars DataFrame with string names (for small tables: tests, CSV)."""
         import polars as pl
 
@@ -120,12 +125,6 @@ class RangeTable:
             "end_thread": self.end_thread, "domain": domains.gather(self.domain_id),
             "unclosed": self.unclosed, "depth": self.depth, "parent": self.parent,
         })
-
-
-def canonical_names(raw: list[str]) -> tuple[list[str], np.ndarray]:
-    """Canonical name list and the map raw id -> canonical id (aliases merge into one name)."""
-    index, mapping = _canonical_index(raw)
-    return list(index), mapping
 
 
 def canonical_prefix(raw: list[str]) -> tuple[dict[str, int], list[int]]:
@@ -148,7 +147,7 @@ def _canonical_index(raw: list[str], prefix=None) -> tuple[dict[str, int], np.nd
 
 def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
           domain_id=None, domains=None, thread_names=None, process_names=None,
-          source: str = "", clock: str = "", canonical=None) -> RangeTable:
+          source: str = "", clock: str = "", canonical=None, frame=None) -> RangeTable:
     """A RangeTable from loader columns; `end` < `start` marks a missing end (NULL in nsys).
     `canonical`: canonical_prefix() of the first raw names, where the loader computed it."""
     start = np.asarray(start, dtype=np.int64)
@@ -174,7 +173,7 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
         domain_id=domain_id, unclosed=unclosed, depth=depth, parent=parent, names=names,
         domains=list(domains or [""]), thread_names=dict(thread_names or {}),
         process_names=dict(process_names or {}), source=source, clock=clock,
-        crossing=crossing,
+        crossing=crossing, frame=None if frame is None else np.asarray(frame, bool),
         _cache={"index": index})  # ids_of's lookup, which profiles with many names pay for
 
 
@@ -193,13 +192,6 @@ def _close(start: np.ndarray, end: np.ndarray, kind: np.ndarray):
     return end, unclosed
 
 
-def nest(thread: np.ndarray, sub: np.ndarray, start: np.ndarray, end: np.ndarray):
-    """Depth and parent row of every interval within its (thread, sub) group (see
-    nest_with_crossings)."""
-    depth, parent, _ = nest_with_crossings(thread, sub, start, end)
-    return depth, parent
-
-
 def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
                         end: np.ndarray):
     """Depth, parent row, and the rows that cross an earlier range, per (thread, sub) group.
@@ -214,7 +206,7 @@ def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
     """
     n = len(start)
     depth = np.zeros(n, dtype=np.int32)
-    parent = np.full(n, NO_PARENT, dtype=np.int64)
+    parent = np.full(n, NO_PARENT, dtype=position_type(n))
     if n == 0:
         return depth, parent, np.zeros(0, np.int64)
     g = group_index(thread, sub)
@@ -224,10 +216,15 @@ def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
     ke = ke_row[order]
     del ke_row
     p_sorted, crosses = _last_container(ks, ke)
-    d_sorted = _depths(p_sorted)
-    depth[order] = d_sorted
+    del ks, ke
+    depth[order] = _depths(p_sorted)
     parent[order] = _through(order, p_sorted)
-    return depth, parent, np.sort(order[crosses])
+    return depth, parent, np.sort(order[crosses]).astype(np.int64)
+
+
+def position_type(n: int):
+    """Row positions in 32 bits where they fit: half the memory and bandwidth of int64."""
+    return np.int32 if n < (1 << 31) - 1 else np.int64
 
 
 def _last_container(ks: np.ndarray, ke: np.ndarray):
@@ -241,17 +238,18 @@ def _last_container(ks: np.ndarray, ke: np.ndarray):
     that fails hands over its own candidate, or its parent once that is known. The largest end
     passed over on the way tells whether i crosses something (it ended inside i)."""
     m = len(ks)
+    at = position_type(m)
     zero = ke == ks
-    parent = np.full(m, -2, np.int64)  # -2: not known yet
+    parent = np.full(m, -2, at)  # -2: not known yet
     # Without any earlier end reaching mine there is no container at all: no jumping for those.
-    before = np.empty(m, np.int64)
-    before[0] = np.iinfo(np.int64).min
-    np.maximum.accumulate(ke[:-1], out=before[1:])
-    top = np.where(zero, before <= ke, before < ke)
+    seen = np.empty(m, np.int64)  # the largest end passed over; first: the largest before
+    seen[0] = np.iinfo(np.int64).min
+    np.maximum.accumulate(ke[:-1], out=seen[1:])
+    top = np.where(zero, seen <= ke, seen < ke)
     parent[top] = NO_PARENT
-    seen = before.copy()  # the largest end passed over, for the rows without a container
-    active = np.flatnonzero(~top)
-    cand = np.arange(-1, m - 1, dtype=np.int64)
+    active = np.flatnonzero(~top).astype(at)
+    del top
+    cand = np.arange(-1, m - 1, dtype=at)
     seen[active] = np.iinfo(np.int64).min
     while len(active):
         c = cand[active]
@@ -274,7 +272,7 @@ def _depths(parent: np.ndarray) -> np.ndarray:
     """The number of ancestors of each position, by pointer doubling over the parents."""
     depth = (parent >= 0).astype(np.int32)
     up = parent.copy()
-    live = np.flatnonzero(up >= 0)
+    live = np.flatnonzero(up >= 0).astype(parent.dtype)
     while len(live):
         a = up[live]
         depth[live] += depth[a]  # reads the round's old values: synchronous list ranking
@@ -294,15 +292,21 @@ def _through(index: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 def group_index(thread: np.ndarray, sub: np.ndarray) -> np.ndarray:
     """A dense id per (thread, sub) pair; profiles have few threads, so lookups are cheap."""
-    import polars as pl
-
-    t_keys = np.sort(pl.Series(thread).unique().to_numpy())
-    s_keys = np.sort(pl.Series(sub).unique().to_numpy())
+    t_keys, s_keys = distinct(thread), distinct(sub)
     g = np.searchsorted(t_keys, thread)
     if len(s_keys) > 1:
         g *= len(s_keys)
         g += np.searchsorted(s_keys, sub)
     return g
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """np.unique(values) without sorting them all: a value's rows come in runs (a profile
+    writes a thread's ranges together), and the distinct values are those of the runs' heads."""
+    if len(values) == 0:
+        return values[:0]
+    heads = np.flatnonzero(values[1:] != values[:-1])
+    return np.unique(np.concatenate([values[:1], values[heads + 1]]))
 
 
 def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
@@ -323,26 +327,27 @@ def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
     return (g << bits) | inverse[:len(s)], (g << bits) | inverse[len(s):]
 
 
-def packed_order(g: np.ndarray, ks: np.ndarray) -> np.ndarray:
-    """np.argsort(ks, kind="stable") for keys packed as (group, time).
+def packed_order(g: np.ndarray, ks: np.ndarray):
+    """np.argsort(ks, kind="stable") for keys packed as (group, time), and the keys in that
+    order.
 
     Profiles list each thread's ranges in start order, so a radix sort of the small group ids
     mostly sorts the keys already; the full sort runs only where it did not."""
     small = g.astype(np.int16) if len(g) and int(g.max()) < (1 << 15) else g
-    order = np.argsort(small, kind="stable")
+    order = np.argsort(small, kind="stable").astype(position_type(len(g)), copy=False)
     del small
     sk = ks[order]
     if len(sk) > 1 and (sk[1:] < sk[:-1]).any():
         # Within a group the rows are still in row order, so ties stay by row.
-        order = order[np.argsort(sk, kind="stable")]
-    return order
+        fix = np.argsort(sk, kind="stable")
+        order, sk = order[fix], sk[fix]
+    return order, sk
 
 
 def _sort_order(ks: np.ndarray, ke: np.ndarray, g: np.ndarray):
     """Rows by (group and start, end descending, row): one stable sort, then fix equal starts.
     Also the keys in that order (fixing ties moves rows only among equal keys)."""
-    order = packed_order(g, ks)
-    sk = ks[order]
+    order, sk = packed_order(g, ks)
     tied = np.flatnonzero(sk[1:] == sk[:-1])
     if len(tied):
         at = np.unique(np.concatenate([tied, tied + 1]))
@@ -367,23 +372,4 @@ def enclosing(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.nda
         hit = is_outer[up]
         found[pending[hit]] = up[hit]
         pending, up = pending[~hit], table.parent[up[~hit]]
-    return found
-
-
-def latest_before(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
-    """For each inner row, the outer row on the same thread that started last at or before it
-    (-1 if none): the candidate enclosing range, or the step_meta a forward joins. Of outer rows
-    that start together the last in row order wins."""
-    if len(inner) == 0 or len(outer) == 0:
-        return np.full(len(inner), NO_PARENT, dtype=np.int64)
-    import polars as pl
-
-    left = pl.DataFrame({"t": table.thread[inner], "s": table.start[inner],
-                         "i": np.arange(len(inner))}).sort("s", maintain_order=True)
-    right = pl.DataFrame({"t": table.thread[outer], "s": table.start[outer],
-                          "o": outer.astype(np.int64)}).sort("s", "o")
-    right = right.unique(["t", "s"], keep="last", maintain_order=True)
-    joined = left.join_asof(right, on="s", by="t", strategy="backward", check_sortedness=False)
-    found = np.full(len(inner), NO_PARENT, dtype=np.int64)
-    found[joined["i"].to_numpy()] = joined["o"].fill_null(NO_PARENT).to_numpy()
     return found

@@ -1,0 +1,74 @@
+"""The analysis frame: a range table registered in DuckDB with each range's node in the stage tree
+and its self time, the stages, the processes and their roles; what every computation reads.
+
+Built once per analysis: the nesting's structure in numpy, everything aggregated in SQL.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmscope import stages
+from mmscope.analyze import processes, stats, steps, tree
+from mmscope.analyze.sql import Sql
+from mmscope.analyze.table import RangeTable
+
+
+@dataclass
+class Frame:
+    table: RangeTable
+    sql: Sql
+    stages: list[str]            # stage names (every step_meta name folded into one)
+    stage_of_name: np.ndarray    # canonical name id -> stage id
+    processes: list[dict]        # processes.describe
+    roles: list[str]             # role labels, in the order of the tree's roots
+    view: tree.StageView         # the stage rows, their stage parents and depths
+    nodes: tree.Nodes
+
+    def close(self) -> None:
+        self.sql.close()
+
+
+def build(table: RangeTable, workers: int | None = None) -> Frame:
+    """`ranges` holds the stage rows: stage, node, thread, start, end, parent (its nearest stage
+    ancestor's row), self_ns."""
+    sql = Sql(workers)
+    _find_catalogue_rows(table)
+    stage_list, stage_of_name = stats.stage_names(table.names)
+    view = tree.stage_view(table)
+    thread, stage = view.take(table.thread), stage_of_name[view.take(table.name_id)]
+    sql.register("ranges", {"thread": thread, "stage": stage})
+    procs = processes.describe(table, stage_list, sql)
+    roles = _role_order({p["role"] for p in procs})
+    role_of_pid = {p["pid"]: roles.index(p["role"]) for p in procs}
+    role_of_row = _per_row((thread >> 24) & 0xFFFFFF, role_of_pid)
+    nodes = tree.build(table, view, stage, role_of_row, len(stage_list))
+    del role_of_row
+    sql.register("ranges", {"stage": stage, "node": view.take(nodes.of_row), "thread": thread,
+                            "start": view.take(table.start), "end": view.take(table.end),
+                            "parent": view.parent, "self_ns": tree.self_times(table, view)})
+    return Frame(table=table, sql=sql, stages=stage_list, stage_of_name=stage_of_name,
+                 processes=procs, roles=roles, view=view, nodes=nodes)
+
+
+def _find_catalogue_rows(table: RangeTable) -> None:
+    """The rows of the stages the steps, checks and benefit look up, in one pass."""
+    table.find_rows((stages.FORWARD,), (stages.PREPROCESS,), (stages.VIT_FORWARD,),
+                    (stages.EC_SAVE,), stages.PREPROCESS_SIBLINGS,
+                    id_sets={steps.STEP_META_ROWS: steps.step_meta_shapes(table)[1]})
+
+
+def _role_order(labels: set[str]) -> list[str]:
+    """API server first, then engine, then worker (by the first role a label names)."""
+    def rank(label: str):
+        first = label.split(" + ")[0]
+        order = processes.ROLE_ORDER
+        return (order.index(first) if first in order else len(order), label)
+    return sorted(labels, key=rank)
+
+
+def _per_row(pid: np.ndarray, value_of_pid: dict[int, int]) -> np.ndarray:
+    keys = np.array(sorted(value_of_pid), np.int64)
+    values = np.array([value_of_pid[k] for k in keys.tolist()], np.int32)
+    return values[np.searchsorted(keys, pid)]

@@ -1,0 +1,81 @@
+"""The per-step view: each step's time by part (the encoder, the rest of preprocess, and the ranges
+beside preprocess on its thread until the next step: forward, sample, postprocess, ...) with its
+kind and batch shape, for at most MAX_STEPS steps taken evenly over the profile.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mmscope import stages
+from mmscope.analyze.steps import KINDS, SHAPE_FIELDS
+
+MAX_STEPS = 2000
+TOP_PARTS = 4  # the ranges beside preprocess that take most time; the others are "other"
+ENCODER, PREPROCESS_REST, OTHER = "encoder", "preprocess (rest)", "other"
+
+# Each range beside a step's preprocess (same thread, same parent), in that step's window.
+PARTS = """
+SELECT w.step, r.stage, CAST(sum(r."end" - r.start) AS BIGINT) AS ns
+FROM (SELECT * FROM ranges WHERE parent IN (SELECT parent FROM windows)) r
+ASOF JOIN windows w ON r.thread = w.thread AND r.start >= w.start
+WHERE r.start < w."end" AND r.parent = w.parent
+GROUP BY ALL
+"""
+
+
+def sample(n: int, most: int = MAX_STEPS) -> np.ndarray:
+    """Positions of at most `most` of n items, evenly spread, first and last included."""
+    if n <= most:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, most).round().astype(np.int64))
+
+
+def per_step(frame, step_table) -> dict | None:
+    """{"steps": how many, "shown": how many, "t0_ns", "parts": names, and per shown step
+    "start_ns" (from t0), "kind", the shape and "ns" (time per part)}, or None without steps."""
+    table = frame.table
+    stepped = np.flatnonzero(step_table["forward"] >= 0)
+    if len(stepped) == 0:
+        return None
+    picked = stepped[sample(len(stepped))]
+    pre = step_table["pre"][picked]
+    ends = _next_start(step_table, picked)
+    frame.sql.register("windows", {
+        "step": np.arange(len(picked)), "thread": table.thread[pre], "start": table.start[pre],
+        "end": ends, "parent": table.parent[pre]})
+    got = frame.sql.query(PARTS)
+    stage_names = [frame.stages[s] for s in got["stage"].tolist()]
+    beside = _top(stage_names, got["ns"])
+    parts = [ENCODER, PREPROCESS_REST] + beside + [OTHER]
+    ns = np.zeros((len(picked), len(parts)), np.int64)
+    ns[:, 0] = step_table["encoder_ns"][picked]
+    ns[:, 1] = step_table["pre_ns"][picked] - ns[:, 0]
+    column = {name: 2 + j for j, name in enumerate(beside)}
+    for step, name, t in zip(got["step"].tolist(), stage_names, got["ns"].tolist()):
+        if name != stages.PREPROCESS:  # the step's own preprocess: encoder and the rest
+            ns[step, column.get(name, len(parts) - 1)] += t
+    t0 = int(table.start.min())
+    return {"steps": len(stepped), "shown": len(picked), "t0_ns": t0, "parts": parts,
+            "start_ns": (table.start[pre] - t0).tolist(),
+            "kind": [KINDS[k] for k in step_table["kind"][picked].tolist()],
+            **{f: step_table[f][picked].tolist() for f in SHAPE_FIELDS},
+            "ns": ns.tolist()}
+
+
+def _next_start(step_table, picked: np.ndarray) -> np.ndarray:
+    """Where each picked step's window ends: the next preprocess on its thread (steps are in
+    time order), or never."""
+    thread, start = step_table["thread"], step_table["start"]
+    order = np.lexsort((np.arange(len(thread)), start, thread))
+    following = np.full(len(thread), np.iinfo(np.int64).max)
+    same = thread[order[1:]] == thread[order[:-1]]
+    following[order[:-1][same]] = start[order[1:][same]]
+    return following[picked]
+
+
+def _top(names: list[str], ns: np.ndarray) -> list[str]:
+    total: dict[str, int] = {}
+    for name, t in zip(names, ns.tolist()):
+        total[name] = total.get(name, 0) + t
+    total.pop(stages.PREPROCESS, None)
+    return sorted(total, key=lambda n: (-total[n], n))[:TOP_PARTS]
