@@ -45,7 +45,10 @@ def _sweep() -> None:
     """Held spans past HOLD_S go with what has arrived, even when the server has gone idle."""
     while True:
         time.sleep(HOLD_S / 5)
-        SPANS.expired(time.monotonic())
+        try:
+            SPANS.expired(time.monotonic())
+        except Exception as e:  # noqa: BLE001
+            failed("otlp.request_span", e)
 
 
 def request_added(wrapped, output_processor, args, kwargs):
