@@ -10,7 +10,11 @@ instructions added per request and per engine step, from which the cost on a rea
 misses, the last level a core's 2 MiB share of a shared cache).
 
 Run: .venv/bin/python bench/plugin_instructions.py [--runner v1|v2] [--pairs 3] [--max-tokens 16,128]
-     [--requests 48] [--cache-sim] [--settle N] [--keep DIR]  |  --report DIR [--requests 48]
+     [--requests 48] [--cache-sim] [--settle N] [--otlp] [--keep DIR]  |  --report DIR [--requests 48]
+--otlp: the engine traces requests (vLLM's --otlp-traces-endpoint) to an OTLP/gRPC receiver in this
+process (tests/kit/otlp.py), so every configuration, the bare one too, pays vLLM's own tracing and
+mmscope's figure is what it adds to vLLM's request spans; each counted batch ends by exporting its
+spans (the tracer provider's force_flush), as the chrome traces are flushed.
 --runner v2 counts vLLM's Model Runner V2, run on this CPU through Triton's interpreter (the test
 suite's start-up, tests/data/runner_v2): its kernels, interpreted in Python, inflate the bare batch,
 so read V2's cost from the instructions added per request and per step.
@@ -76,7 +80,7 @@ def workload_batch(batch_no: int, requests: int) -> list[dict]:
             for i in range(requests)]
 
 
-def engine(model: str):
+def engine(model: str, otlp_endpoint: str | None):
     """An in-process engine (the worker runs in the counted process) with a small KV cache."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
@@ -87,7 +91,8 @@ def engine(model: str):
 
     return LLM(model=model, enforce_eager=True, max_model_len=512, max_num_seqs=16,
                max_num_batched_tokens=256, limit_mm_per_prompt={"image": 1},
-               kv_cache_memory_bytes=64 * 2**20, seed=0, disable_log_stats=False)
+               kv_cache_memory_bytes=64 * 2**20, seed=0, disable_log_stats=False,
+               otlp_traces_endpoint=otlp_endpoint)
 
 
 def apply(instrumentor, name: str, trace_dir: str) -> None:
@@ -134,7 +139,7 @@ def child(args) -> None:
 
     mark = ctypes.CDLL(args.marker)
     mark.mark_dump.argtypes = [ctypes.c_char_p]
-    llm = engine(tiny_model.build(tiny_model.default_dir()))
+    llm = engine(tiny_model.build(tiny_model.default_dir()), args.otlp_endpoint)
     engine_stats.SEND_EVERY_S = EMISSION_TIMER_S
     # The chrome writer's thread wakes every half second; a hundred times as often per batch under
     # Valgrind. Its work is counted instead by one flush at the end of each counted batch.
@@ -164,6 +169,9 @@ def child(args) -> None:
                     mark.mark_start()
                     llm.generate(batch, params, use_tqdm=False)
                     tracing.flush()  # the batch's events formatted and written, counted
+                    if args.otlp_endpoint:
+                        from opentelemetry import trace
+                        trace.get_tracer_provider().force_flush()  # its spans exported, counted
                     mark.mark_dump(f"{n}|{pair}|{name}".encode())
                     print(f"counted: {n} tokens, pair {pair + 1}/{args.pairs}, {name}, "
                           f"steps={step_telemetry._telemetry().step - steps}", file=sys.stderr, flush=True)
@@ -171,6 +179,18 @@ def child(args) -> None:
 
 
 def run_child(args, out_dir: str) -> None:
+    sys.path.insert(0, str(ROOT))
+    if not args.otlp:
+        return count(args, out_dir, None)
+    from tests.kit.otlp import Receiver
+
+    with Receiver() as receiver:
+        count(args, out_dir, receiver.endpoint)
+        print(f"plugin_instructions: the receiver got {len(receiver.spans())} spans",
+              file=sys.stderr)
+
+
+def count(args, out_dir: str, otlp_endpoint: str | None) -> None:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         fail("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -183,13 +203,12 @@ def run_child(args, out_dir: str) -> None:
            "--settle", str(args.settle), "--runner", args.runner,
            "--max-tokens", ",".join(map(str, args.max_tokens))]
     cmd += ["--no-chrome"] if args.no_chrome else []
+    cmd += ["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else []
     # Passive OpenMP threads sleep instead of spinning: a spin loop's instruction count depends
     # on timing, and Valgrind runs one thread at a time. VLLM_CPU_KVCACHE_SPACE as in the tests.
     # PYTHONPATH: vLLM inspects the model class in a subprocess, which needs the tiny LLaVA's
     # imports too (environment.install() covers only this process).
     from mmscope.demo import environment
-
-    sys.path.insert(0, str(ROOT))
     from tests.kit import runners
 
     pythonpath = environment.pythonpath(os.environ.get("PYTHONPATH"))
@@ -290,6 +309,10 @@ def main() -> None:
     ap.add_argument("--cache-sim", action="store_true",
                     help="also simulate the caches and report the cycle estimate (about 2x slower)")
     ap.add_argument("--no-chrome", action="store_true", help="leave out every range on (chrome)")
+    ap.add_argument("--otlp", action="store_true",
+                    help="the engine traces requests to an OTLP receiver on loopback (vLLM's "
+                         "--otlp-traces-endpoint): every configuration pays vLLM's tracing")
+    ap.add_argument("--otlp-endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--settle", type=non_negative, default=0,
                     help="uncounted batches after each switch of configuration (default 0: every "
                          "counted batch, bare or not, follows a switch, so each pays the same "

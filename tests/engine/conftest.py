@@ -33,15 +33,26 @@ def tiny_model(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def traced_server(tiny_model, tmp_path_factory):
-    """One OpenAI server for the session with every mmscope range on (MMSCOPE_TRACE=chrome) and
-    the probe on (VLLM_MM_CACHE_PROBE=1)."""
+def otlp_receiver():
+    """The OTLP/gRPC receiver of the session's servers that export vLLM's request spans."""
+    from tests.kit.otlp import Receiver
+
+    with Receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def traced_server(tiny_model, tmp_path_factory, otlp_receiver):
+    """One OpenAI server for the session with every mmscope range on (MMSCOPE_TRACE=chrome), the
+    probe on (VLLM_MM_CACHE_PROBE=1) and vLLM's request spans exported to `otlp_receiver`."""
     from mmscope.demo.serve import VllmServer
+    from tests.kit import otlp
 
     base = tmp_path_factory.mktemp("traced-server")
-    srv = VllmServer(tiny_model, str(base / "vllm.log"),
+    srv = VllmServer(tiny_model, str(base / "vllm.log"), extra_args=otlp.server_args(otlp_receiver),
                      env={"MMSCOPE_TRACE": "chrome", "MMSCOPE_TRACE_DIR": str(base / "traces"),
-                          "VLLM_LOG_STATS_INTERVAL": "1", "VLLM_MM_CACHE_PROBE": "1"})
+                          "VLLM_LOG_STATS_INTERVAL": "1", "VLLM_MM_CACHE_PROBE": "1",
+                          **otlp.SERVER_ENV})
     srv.trace_dir = base / "traces"
     with srv:
         yield srv

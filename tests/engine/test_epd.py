@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import threading
@@ -20,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from mmscope import stages
 from mmscope.demo.serve import VllmServer
 from mmscope.load.epd import primer_requests
-from tests.kit import runners, traces as tk
+from mmscope.demo.tiny_llava import IMAGE_TOKENS
+from tests.kit import otlp, runners, traces as tk
 from tests.kit.prometheus import Prometheus
 from tests.kit.server import data_url, histograms, metrics
 
@@ -37,9 +39,9 @@ def ec_config(role: str, shared) -> str:
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_model, tmp_path_factory):
+def pair(tiny_model, tmp_path_factory, otlp_receiver):
     """Producer as vLLM's 1e1pd example starts its encoder (prefix caching off), consumer as its
-    PD instance; both traced, started side by side."""
+    PD instance; both traced, exporting vLLM's request spans, started side by side."""
     base = tmp_path_factory.mktemp("epd")
     shared = base / "ec_cache"
     shared.mkdir()
@@ -48,9 +50,10 @@ def pair(tiny_model, tmp_path_factory):
                               ("consumer", "ec_consumer", [])):
         servers[name] = VllmServer(
             tiny_model, str(base / f"{name}.log"),
-            extra_args=[*extra, "--ec-transfer-config", ec_config(role, shared)],
+            extra_args=[*extra, "--ec-transfer-config", ec_config(role, shared),
+                        *otlp.server_args(otlp_receiver)],
             env={"MMSCOPE_TRACE": "chrome", "MMSCOPE_TRACE_DIR": str(base / f"{name}-traces"),
-                 **(runners.V1_ONLY if role == "ec_producer" else {})})
+                 **otlp.SERVER_ENV, **(runners.V1_ONLY if role == "ec_producer" else {})})
         servers[name].trace_dir = base / f"{name}-traces"
     errors = []
 
@@ -81,15 +84,16 @@ def body(model: str, image: int, text: str) -> dict:
                                      {"type": "image_url", "image_url": {"url": data_url(image)}}]}]}
 
 
-def route(pair, request: dict) -> dict:
+def route(pair, request: dict, headers: dict | None = None) -> dict:
     """The proxy's path: each image alone to the encoder instance (one token), then the request
-    to the PD instance."""
+    to the PD instance; `headers` on both legs."""
     for primer in primer_requests(request):
         assert [p["type"] for p in primer["messages"][0]["content"]] == ["image_url"]
         assert primer["max_tokens"] == 1
-        httpx.post(f"{pair['producer'].url}/v1/chat/completions", json=primer,
+        httpx.post(f"{pair['producer'].url}/v1/chat/completions", json=primer, headers=headers,
                    timeout=120).raise_for_status()
-    r = httpx.post(f"{pair['consumer'].url}/v1/chat/completions", json=request, timeout=120)
+    r = httpx.post(f"{pair['consumer'].url}/v1/chat/completions", json=request, headers=headers,
+                   timeout=120)
     r.raise_for_status()
     return r.json()
 
@@ -207,6 +211,33 @@ def test_scripted_sequence_through_the_pair(pair):
     p_ranges, _ = tk.load(producer.trace_dir)
     assert tk.named(c_ranges, stages.EC_LOAD) and not tk.named(c_ranges, stages.VIT_FORWARD)
     assert len(tk.named(p_ranges, stages.EC_SAVE)) == 2 and tk.named(p_ranges, stages.VIT_FORWARD)
+
+
+def test_one_trace_holds_what_the_encoder_instance_did_and_what_the_pd_instance_loaded(
+        pair, otlp_receiver):
+    """The proxy's trace context (W3C traceparent) on both legs: vLLM makes each instance's
+    request span its child, so both lie in one trace; the encoder instance's computed the image,
+    the PD instance's loaded it from the connector, its first token waiting for no encoder."""
+    producer, consumer = pair["producer"], pair["consumer"]
+    trace_id, proxy_span = secrets.token_hex(16), secrets.token_hex(8)
+    answer = route(pair, body(consumer.model, 71, "Traced?"),
+                   headers={"traceparent": f"00-{trace_id}-{proxy_span}-01"})
+
+    def in_trace(spans):
+        return [s for s in spans if s.trace_id == trace_id and s.name == otlp.REQUEST]
+
+    spans = otlp_receiver.wait_for(lambda got: len(in_trace(got)) == 2)
+    by_server = {s.resource["vllm.process_id"]: s for s in in_trace(spans)}
+    encoder, pd = by_server[str(producer.proc.pid)], by_server[str(consumer.proc.pid)]
+    assert encoder.parent_id == pd.parent_id == proxy_span
+    assert pd.attributes["gen_ai.request.id"] == answer["id"]
+    assert {k: v for k, v in otlp.multimodal(encoder).items() if v} == {
+        "items.image": 1, "encoder_cache.misses": 1, "embeddings.computed": IMAGE_TOKENS}
+    assert {k: v for k, v in otlp.multimodal(pd).items() if v} == {
+        "items.image": 1, "encoder_cache.hits.connector": 1, "embeddings.spared": IMAGE_TOKENS}
+    encoder_parts, pd_parts = otlp.parts(spans, encoder), otlp.parts(spans, pd)
+    assert "encoder" in encoder_parts and "ec_load" not in encoder_parts
+    assert pd_parts["ec_load"] > 0 and "encoder" not in pd_parts
 
 
 def test_mmscope_load_verifies_a_reuse_sweep_through_the_pair(pair):

@@ -12,7 +12,7 @@ import pytest
 from mmscope import stages
 from mmscope.demo import tiny_model
 from mmscope.emit import tracing
-from tests.kit import traces as tk
+from tests.kit import otlp, traces as tk
 from tests.kit.engine import EncoderWork, counters, offline_llm
 from tests.kit.server import chat_parts, metrics, video_data_url
 
@@ -228,18 +228,29 @@ def test_image_and_video_in_one_request(family):
                             + [stages.hash_range(HASH_BRANCH["video"])] * 2)
 
 
-def test_a_server_counts_a_chat_video(tmp_path_factory, tmp_path):
+def test_a_server_counts_a_chat_video(tmp_path_factory, tmp_path, otlp_receiver):
     """The OpenAI server's processes (EngineCore is spawned) get the video processor through the
-    start-up folder VllmServer puts on PYTHONPATH; an mp4 sent twice is one miss and one hit."""
+    start-up folder VllmServer puts on PYTHONPATH; an mp4 sent twice is one miss and one hit, in
+    the counters and on vLLM's request spans, exported over OTLP."""
     from mmscope.demo.serve import VllmServer
 
     model = built(tmp_path_factory, "qwen2_5_vl")
     with VllmServer(model, str(tmp_path / "vllm.log"), extra_args=[
-            "--limit-mm-per-prompt", '{"image": 2, "video": 2}']) as srv:
+            "--limit-mm-per-prompt", '{"image": 2, "video": 2}',
+            *otlp.server_args(otlp_receiver)], env=otlp.SERVER_ENV) as srv:
         clip = [{"type": "video_url", "video_url": {"url": video_data_url(800)}}]
-        chat_parts(srv.url, model, clip, "What happens?")
-        chat_parts(srv.url, model, clip, "And again?")
+        ids = [chat_parts(srv.url, model, clip, "What happens?")["id"],
+               chat_parts(srv.url, model, clip, "And again?")["id"]]
         m = metrics(srv.url)
+        spans = otlp_receiver.wait_for(lambda got: set(ids) <= set(otlp.request_spans(got)))
     assert (m["encoder_cache_queries_by_modality{modality=video}"],
             m["encoder_cache_hits_by_modality{modality=video}"], m["encoder_cache_misses"],
             m["encoder_cache_hits_by_source{source=local}"]) == (2, 1, 1, 1)
+    first, again = (otlp.request_spans(spans)[i] for i in ids)
+    facts = [otlp.multimodal(first), otlp.multimodal(again)]
+    embeds = facts[0]["embeddings.computed"]
+    assert embeds > 0
+    assert [{k: v for k, v in f.items() if v} for f in facts] == [
+        {"items.video": 1, "encoder_cache.misses": 1, "embeddings.computed": embeds},
+        {"items.video": 1, "encoder_cache.hits.local": 1, "embeddings.spared": embeds}]
+    assert "encoder" in otlp.parts(spans, first) and "encoder" not in otlp.parts(spans, again)

@@ -264,7 +264,7 @@ def test_doctor_without_the_switch_names_vllms_own_choice():
 def test_every_hook_and_vllm_scope_hook_checks_ok_in_process():
     from mmscope.vllm import targets
 
-    for h in targets.all_hooks() + targets.vllm_scope_hooks():
+    for h in targets.all_hooks() + targets.vllm_scope_hooks() + targets.otlp_request_hooks():
         assert h.check() == (True, ""), (h.name, h.detail)
 
 

@@ -25,7 +25,12 @@ def test_only_open_requests_take_a_share_and_close_after_the_first_token():
     shares.close(lambda r: False)
     assert shares.drain() == {}
     shares.close(lambda r: r == "a")
-    assert shares.drain() == {"a": [0, 300, 2]} and not shares.open
+    assert shares.drain() == {"a": {ttft.ENCODER: 0, ttft.EC_LOAD: 300, ttft.COMPUTED: 2}}
+    assert not shares.open
+
+
+def record(encoder_ns, ec_load_ns, computed):
+    return {ttft.ENCODER: encoder_ns, ttft.EC_LOAD: ec_load_ns, ttft.COMPUTED: computed}
 
 
 def front(ttft_s=1.0, queue=0.1, prefill=0.6):
@@ -37,15 +42,16 @@ def test_the_parts_add_up_whichever_half_comes_last():
         join = ttft.TtftJoin()
         join.assigned("r-1", 0.2)
         if engine_first:
-            join.engine_shares({"r-1": [300_000_000, 50_000_000, 1]}, 1)
+            join.engine_shares({"r-1": record(300_000_000, 50_000_000, 1)}, 1)
             assert not join.ready
             join.finished("r-1", front())
         else:
             join.finished("r-1", front())
             assert not join.ready
-            join.engine_shares({"r-1": [300_000_000, 50_000_000, 1]}, 1)
+            join.engine_shares({"r-1": record(300_000_000, 50_000_000, 1)}, 1)
         (split,) = join.drain()
         assert (split.request_id, split.engine, split.hit) == ("chatcmpl-1", 1, False)
+        assert split.internal_id == "r-1"
         p = split.parts
         assert tuple(p) == stages.TTFT_PARTS
         assert (p["api_processing"], p["queue"], p["encoder"], p["ec_load"]) == (0.2, 0.1, 0.3, 0.05)
@@ -59,26 +65,27 @@ def test_a_request_whose_encoder_never_ran_is_a_hit_and_text_only_requests_are_i
     join.assigned("r-1", 0.01)
     join.finished("text-only", front())
     join.finished("r-1", front())
-    join.engine_shares({"r-1": [0, 0, 0]}, 0)
+    join.engine_shares({"r-1": record(0, 0, 0)}, 0)
     (split,) = join.drain()
     assert split.hit and split.parts["encoder"] == 0.0
     assert not join.front
 
 
-def test_pending_halves_are_bounded(monkeypatch):
+def test_pending_halves_are_bounded_and_records_of_requests_not_split_are_dropped(monkeypatch):
     monkeypatch.setattr(ttft, "MAX_PENDING", 3)
     join = ttft.TtftJoin()
     for i in range(10):
         join.assigned(f"r-{i}", 0.0)
-        join.engine_shares({f"e-{i}": [0, 0, 0]}, 0)
-    assert list(join.api) == ["r-7", "r-8", "r-9"] and len(join.engine) == 3
+        # a record for vLLM's request span alone (its request's start was not seen) is dropped
+        join.engine_shares({f"r-{i}": record(0, 0, 0), f"unseen-{i}": record(0, 0, 0)}, 0)
+    assert list(join.api) == list(join.engine) == ["r-7", "r-8", "r-9"]
 
 
 def test_probe_line_names_every_part():
     join = ttft.TtftJoin()
     join.assigned("r", 0.5)
     join.finished("r", front())
-    join.engine_shares({"r": [0, 0, 0]}, 0)
+    join.engine_shares({"r": record(0, 0, 0)}, 0)
     line = ttft.probe_line(join.drain()[0])
     assert line.startswith("mm_ttft_probe req=chatcmpl-1 encoder_cache=hit ttft=1.000000 ")
     assert all(f" {p}=" in line for p in stages.TTFT_PARTS)

@@ -17,19 +17,34 @@ ENV = "MMSCOPE_TTFT_PARTS"
 
 # Requests whose other half never comes (aborted before their first token) are dropped oldest first.
 MAX_PENDING = 4096
-ENCODER, EC_LOAD, COMPUTED = 0, 1, 2  # slots of an engine record: ns, ns, items computed
+# The shares of an engine record: encoder ns, EC-load ns, items computed. A record may hold more
+# (carry/request_facts.py, while vLLM traces requests): a flat dict[str, int] on the wire.
+ENCODER, EC_LOAD, COMPUTED = "encoder_ns", "ec_load_ns", "computed"
+SHARES = (ENCODER, EC_LOAD, COMPUTED)
 
 
 class EngineShares:
     """EngineCore: per multimodal request, its share of the encoder and EC-load time of the steps
-    that computed or loaded its items, until its first token (then it is `done`, to be sent)."""
+    that computed or loaded its items, until its first token (then it is `done`, to be sent).
+    `extra`: the further counts each new record starts with (none unless vLLM traces requests)."""
 
     def __init__(self):
-        self.open: dict[str, list[int]] = {}
-        self.done: dict[str, list[int]] = {}
+        self.open: dict[str, dict[str, int]] = {}
+        self.done: dict[str, dict[str, int]] = {}
+        self.extra: dict[str, int] = {}
 
-    def admit(self, request_id: str) -> None:
-        self.open.setdefault(request_id, [0, 0, 0])
+    def record(self, request_id: str) -> dict[str, int]:
+        """The request's open record, made on first use."""
+        record = self.open.get(request_id)
+        if record is None:
+            record = self.open[request_id] = dict.fromkeys(SHARES, 0) | self.extra
+        return record
+
+    def admit(self, request_id: str, counts: dict[str, int] | None = None) -> None:
+        """The request is first scheduled; `counts` (its items) are set on its record."""
+        record = self.record(request_id)
+        if counts:
+            record.update(counts)
 
     def share(self, slot: int, step_ns: int, weights: dict[str, int]) -> None:
         """A step's `step_ns` shared by embeddings (`weights`: request -> embeddings it computed
@@ -59,7 +74,7 @@ class EngineShares:
         for request_id in [r for r in self.open if first_token_done(r)]:
             self.done[request_id] = self.open.pop(request_id)
 
-    def drain(self) -> dict[str, list[int]]:
+    def drain(self) -> dict[str, dict[str, int]]:
         done, self.done = self.done, {}
         return done
 
@@ -73,6 +88,7 @@ class TtftSplit(NamedTuple):
     hit: bool
     ttft_s: float
     parts: dict[str, float]  # in stages.TTFT_PARTS order (the histograms zip them)
+    internal_id: str  # vLLM's internal request id, as EngineCore knows the request
 
 
 class FrontTimes(NamedTuple):
@@ -90,7 +106,7 @@ def enabled() -> bool:
     return os.environ.get(ENV, "0").strip().lower() not in ("", "0", "false", "no")
 
 
-def _bounded_put(table: OrderedDict, key, value) -> None:
+def bounded_put(table: OrderedDict, key, value) -> None:
     table[key] = value
     if len(table) > MAX_PENDING:
         table.popitem(last=False)
@@ -103,26 +119,28 @@ class TtftJoin:
     def __init__(self):
         self.api: OrderedDict[str, float] = OrderedDict()
         self.front: OrderedDict[str, FrontTimes] = OrderedDict()
-        self.engine: OrderedDict[str, tuple[int, list[int]]] = OrderedDict()
+        self.engine: OrderedDict[str, tuple[int, dict[str, int]]] = OrderedDict()
         self.ready: list[TtftSplit] = []
 
     def assigned(self, request_id: str, api_s: float) -> None:
-        _bounded_put(self.api, request_id, api_s)
+        bounded_put(self.api, request_id, api_s)
 
     def finished(self, request_id: str, front: FrontTimes) -> None:
         if request_id not in self.api:
             return  # not multimodal, or its start was not seen
         engine = self.engine.pop(request_id, None)
         if engine is None:
-            _bounded_put(self.front, request_id, front)
+            bounded_put(self.front, request_id, front)
         else:
             self._join(request_id, front, *engine)
 
-    def engine_shares(self, shares: dict[str, list[int]], engine_idx: int) -> None:
+    def engine_shares(self, shares: dict[str, dict[str, int]], engine_idx: int) -> None:
         for request_id, record in shares.items():
+            if request_id not in self.api:
+                continue  # its start was not seen: a record sent for vLLM's request span only
             front = self.front.pop(request_id, None)
             if front is None:
-                _bounded_put(self.engine, request_id, (engine_idx, record))
+                bounded_put(self.engine, request_id, (engine_idx, record))
             else:
                 self._join(request_id, front, engine_idx, record)
 
@@ -134,7 +152,7 @@ class TtftJoin:
                  stages.TTFT_PREFILL: front.prefill_s - encoder - ec_load}
         parts[stages.TTFT_OTHER] = front.ttft_s - sum(parts.values())
         self.ready.append(TtftSplit(front.external_id, engine_idx, not record[COMPUTED],
-                                    front.ttft_s, parts))
+                                    front.ttft_s, parts, request_id))
 
     def drain(self) -> list[TtftSplit]:
         ready, self.ready = self.ready, []

@@ -37,6 +37,7 @@ def report() -> dict:
     except ImportError as e:
         raise UserError(f"vLLM is not importable here ({e}); install mmscope[vllm]") from None
     tracing_only = {h.name for h in instrumentor.scope_hooks}
+    otlp_only = {h.name for h in instrumentor.request_span_hooks}
     hooks = []
     for hook in instrumentor.all_hooks():
         ok, detail = hook.check()
@@ -44,6 +45,7 @@ def report() -> dict:
                       "process": hook.process, "required": hook.required,
                       "runner": hook.runner, "applies": runners.applies(hook, runner),
                       "while_tracing": hook.name in tracing_only,
+                      "with_otlp": hook.name in otlp_only,
                       "status": "ok" if ok else hook.status, "detail": detail})
     return {"vllm_version": version, "supported": instrumentor.supported,
             "version_supported": instrumentor.version_supported(),
@@ -59,7 +61,8 @@ def _status(h: dict) -> str:
         return f"[red]{h['status']}[/red] {h['detail']}"
     if not h["applies"]:
         return "[yellow]present; not this runner[/yellow]"
-    return "[green]ok[/green]" + (" (while tracing)" if h["while_tracing"] else "")
+    when = " (while tracing)" if h["while_tracing"] else ""
+    return "[green]ok[/green]" + (" (with --otlp-traces-endpoint)" if h["with_otlp"] else when)
 
 
 def run(args) -> int:

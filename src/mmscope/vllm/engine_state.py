@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import weakref
 
-from mmscope.carry import access_log, ttft
+from mmscope.carry import access_log, request_facts, ttft
 from mmscope.carry.ledger import EncoderCacheLedger, Item, probe_line
 from mmscope.log import logger
 from mmscope.vllm.encoder_outputs import bytes_per_embedding
@@ -30,7 +30,21 @@ class EngineState:
         self.worker_durations: dict[str, list[int]] = {}
         self.shares = ttft.EngineShares()  # each multimodal request's encoder and EC-load time
         self.split_ttft = ttft.enabled()  # no request is admitted to the shares otherwise
+        self.traced = False  # vLLM traces requests: each one's record carries its facts too
         self.sent = float("-inf")
+
+    def trace_requests(self) -> None:
+        """vLLM exports a span per request (--otlp-traces-endpoint): each multimodal request's
+        record also tallies its items and outcomes, and goes out once it has its first token
+        (docs/design.md §5a)."""
+        self.traced = True
+        self.shares.extra = request_facts.zeros()
+        shares = self.shares
+
+        def tally(outcome, item, source):
+            request_facts.tally(shares.record(item.request_id), outcome, item, source)
+
+        self.ledger.probe = _sink(probe_enabled(), self.access_log, tally)
 
 
 # Keyed weakly: the state lives as long as vLLM's manager and never keeps it alive.
@@ -52,19 +66,21 @@ def existing(manager) -> EngineState | None:
     return _states.get(manager)
 
 
-def _sink(log_probe: bool, log_access):
-    """Where committed decisions go: probe lines, the access log, both, or nowhere."""
+def _sink(log_probe: bool, log_access, tally=None):
+    """Where committed decisions go: probe lines, the access log, the requests' records, any of
+    them or nowhere."""
     def probe(outcome, item, source):
         logger.info(probe_line(outcome, item, source))
 
-    if log_probe and log_access:
-        def both(outcome, item, source):
-            probe(outcome, item, source)
-            log_access.item(outcome, item, source)
-        return both
-    if log_access:
-        return log_access.item
-    return probe if log_probe else None
+    sinks = [s for s in (probe if log_probe else None, log_access.item if log_access else None,
+                         tally) if s is not None]
+    if len(sinks) < 2:
+        return sinks[0] if sinks else None
+
+    def every(outcome, item, source):
+        for sink in sinks:
+            sink(outcome, item, source)
+    return every
 
 
 def item_of(request, index: int) -> Item:

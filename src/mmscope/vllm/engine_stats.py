@@ -38,15 +38,29 @@ def stats_attached(wrapped, scheduler, args, kwargs):
         if sent:
             merge(state.worker_durations, sent)
         now = time.monotonic()
-        if now - state.sent >= SEND_EVERY_S or not scheduler.has_unfinished_requests():
-            # Requests past their first token are done with the encoder: checked only as often
-            # as the counts go out, not every step.
-            if state.shares.open:
-                state.shares.close(lambda rid: step_shares.past_first_token(scheduler, rid))
+        due = now - state.sent >= SEND_EVERY_S or not scheduler.has_unfinished_requests()
+        # Requests past their first token are done with the encoder: checked only as often as
+        # the counts go out, or every step where vLLM traces requests, whose spans wait for
+        # their records (docs/design.md §5a).
+        if state.shares.open and (due or state.traced):
+            state.shares.close(lambda rid: step_shares.past_first_token(scheduler, rid))
+        if due:
             _attach(state, outputs, now)
+        elif state.shares.done:
+            stats = _step_stats(outputs)
+            if stats is not None:
+                stats.mm_request_shares = state.shares.drain()
     except Exception as e:  # noqa: BLE001
         failed("scheduler.emit_stats", e)
     return outputs
+
+
+def _step_stats(outputs):
+    """The step's SchedulerStats, on the one EngineCoreOutputs that carries them (or None)."""
+    for eco in (outputs or {}).values():
+        if eco.scheduler_stats is not None:
+            return eco.scheduler_stats
+    return None
 
 
 def _attach(state: EngineState, outputs, now: float) -> None:
@@ -55,17 +69,16 @@ def _attach(state: EngineState, outputs, now: float) -> None:
     durations = WORKER.pending or state.worker_durations
     if not (news or durations or state.shares.done or TRANSFERS.pending):
         return
-    for eco in (outputs or {}).values():
-        stats = eco.scheduler_stats
-        if stats is not None:
-            if news:
-                stats.encoder_cache_stats = ledger.drain().to_wire()
-            if durations:
-                stats.mm_stage_durations = merge(state.worker_durations, WORKER.drain())
-                state.worker_durations = {}
-            if state.shares.done:
-                stats.mm_request_shares = state.shares.drain()
-            if TRANSFERS.pending:
-                stats.mm_ec_transfers = TRANSFERS.drain()
-            state.sent = now
-            return
+    stats = _step_stats(outputs)
+    if stats is None:
+        return
+    if news:
+        stats.encoder_cache_stats = ledger.drain().to_wire()
+    if durations:
+        stats.mm_stage_durations = merge(state.worker_durations, WORKER.drain())
+        state.worker_durations = {}
+    if state.shares.done:
+        stats.mm_request_shares = state.shares.drain()
+    if TRANSFERS.pending:
+        stats.mm_ec_transfers = TRANSFERS.drain()
+    state.sent = now

@@ -9,7 +9,7 @@ import os
 from mmscope.carry import ttft
 from mmscope.emit import tracing
 from mmscope.log import logger
-from mmscope.vllm import patching, schema, stat_loggers, targets
+from mmscope.vllm import patching, request_spans, schema, stat_loggers, targets
 
 ENV_VARS = {
     "VLLM_MM_CACHE_PROBE": "1: log one mm_cache_probe HIT/MISS/DEFERRED line per encoder input",
@@ -22,6 +22,7 @@ class VllmInstrumentor:
     def __init__(self):
         self.hooks = targets.all_hooks()
         self.scope_hooks = targets.vllm_scope_hooks()
+        self.request_span_hooks = targets.otlp_request_hooks()
         self.instrumented = False
 
     def vllm_version(self) -> str | None:
@@ -53,24 +54,20 @@ class VllmInstrumentor:
                         version, standing(version))
         register_env_vars()
         schema.inject_scheduler_stats_fields()
-        skipped = skipped_hooks()
-        hooks = self.hooks + (self.scope_hooks if tracing.on else [])
-        split_ttft = ttft.enabled()
-        for hook in hooks:
-            if hook.name.startswith(skipped) or hook.feature in skipped:
-                hook.status = "off (MMSCOPE_SKIP_HOOKS)"
-                continue
-            if hook.feature == "ttft_parts" and not split_ttft:
-                hook.status = f"off ({ttft.ENV}=1 turns it on)"
-                continue
-            hook.apply()
+        _apply(self.hooks + (self.scope_hooks if tracing.on else []))
+        if request_spans.SPANS is not None:  # vLLM already traces requests in this process
+            self.trace_requests()
         stat_loggers.install_log_filter()
         patching.rewrap_instances()
         self.instrumented = True
         return self.status()
 
+    def trace_requests(self) -> None:
+        """vLLM traces requests in this process: the rows that add to its request span."""
+        _apply(self.request_span_hooks)
+
     def uninstrument(self) -> None:
-        for hook in reversed(self.hooks + self.scope_hooks):
+        for hook in reversed(self.all_hooks()):
             hook.revert()
         patching.unwrap_instances()
         stat_loggers.remove_log_filter()
@@ -80,8 +77,22 @@ class VllmInstrumentor:
         return {h.name: h.describe() for h in self.hooks}
 
     def all_hooks(self) -> list:
-        """Every row, the tracing-only ones included."""
-        return self.hooks + self.scope_hooks
+        """Every row, those applied only while mmscope or vLLM traces included."""
+        return self.hooks + self.scope_hooks + self.request_span_hooks
+
+
+def _apply(hooks) -> None:
+    """Each hook unless MMSCOPE_SKIP_HOOKS leaves it out or its feature is off."""
+    skipped = skipped_hooks()
+    split_ttft = ttft.enabled()
+    for hook in hooks:
+        if hook.name.startswith(skipped) or hook.feature in skipped:
+            hook.status = "off (MMSCOPE_SKIP_HOOKS)"
+            continue
+        if hook.feature == "ttft_parts" and not split_ttft:
+            hook.status = f"off ({ttft.ENV}=1 turns it on)"
+            continue
+        hook.apply()
 
 
 def skipped_hooks() -> tuple[str, ...]:

@@ -368,10 +368,11 @@ class ReleaseCheck:
 
 
 def hooks() -> list:
-    """Every hook mmscope may apply: the table's, and vLLM's own scopes (applied while tracing)."""
+    """Every hook mmscope may apply: the table's, vLLM's own scopes (applied while tracing) and
+    the rows of vLLM's request span (applied once vLLM traces requests)."""
     from mmscope.vllm import targets
 
-    return targets.all_hooks() + targets.vllm_scope_hooks()
+    return targets.all_hooks() + targets.vllm_scope_hooks() + targets.otlp_request_hooks()
 
 
 def check_release(sources: Sources, hook_list=None) -> ReleaseCheck:

@@ -8,6 +8,7 @@ import time
 
 from mmscope.carry import ttft
 from mmscope.log import logger
+from mmscope.vllm import request_spans
 from mmscope.vllm.patching import failed
 from mmscope.vllm.engine_state import probe_enabled
 
@@ -50,11 +51,10 @@ def request_finished(wrapped, output_processor, args, kwargs):
     return result
 
 
-def engine_shares(shares: dict[str, list[int]], engine_idx: int) -> None:
-    """EngineCore's shares from one stats update, joined in (called by stat_loggers.record)."""
+def engine_shares(shares: dict[str, dict[str, int]], engine_idx: int) -> None:
+    """EngineCore's records from one stats update, joined in (called by stat_loggers.record)."""
     JOIN.engine_shares(shares, engine_idx)
-    if JOIN.ready:
-        _emit(JOIN.drain())
+    _emit(JOIN.drain(), shares)
 
 
 @functools.cache
@@ -62,12 +62,15 @@ def _probe() -> bool:
     return probe_enabled()
 
 
-def _emit(splits: list[ttft.TtftSplit]) -> None:
+def _emit(splits: list[ttft.TtftSplit], records: dict | None = None) -> None:
     """Whole splits into the histograms as soon as they are whole (the engine may be idle after),
-    and one probe line each with VLLM_MM_CACHE_PROBE=1."""
+    and one probe line each with VLLM_MM_CACHE_PROBE=1; splits and EngineCore's records to the
+    requests' spans where vLLM traces requests."""
     for histograms in HISTOGRAMS:
         for split in splits:
             histograms.observe(split)
     if _probe():
         for split in splits:
             logger.info(ttft.probe_line(split))
+    if request_spans.SPANS is not None:
+        request_spans.arrived(records or {}, splits)

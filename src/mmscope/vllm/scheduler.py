@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+from mmscope.carry import request_facts
 from mmscope.carry.ledger import Decision
 from mmscope.emit.stage_timer import WORKER
 from mmscope.vllm.engine_state import existing, item_of, state_of
@@ -86,10 +87,12 @@ def step_scheduled(wrapped, scheduler, args, kwargs):
 def _commit(scheduler, manager, output) -> None:
     state = state_of(manager)
     ledger = state.ledger
-    if state.split_ttft:
+    if state.split_ttft or state.traced:
         for new in output.scheduled_new_reqs:
             if new.mm_features:
-                state.shares.admit(new.req_id)
+                items = (request_facts.items(f.modality for f in new.mm_features)
+                         if state.traced else None)
+                state.shares.admit(new.req_id, items)
     if not scheduler.is_encoder_decoder:  # their items sit at position 0: never prefix-covered
         _prefix_covered(scheduler, ledger, output)
     ledger.commit_step(output.num_scheduled_tokens, output.scheduled_encoder_inputs)
@@ -128,12 +131,15 @@ def _evicts_for_room(manager_cls) -> bool:
 
 def scheduler_created(wrapped, scheduler, args, kwargs):
     """A worker in the scheduler's process (vLLM's default executor) leaves its stage durations
-    in WORKER for the stats hook to take; only workers in other processes send them on outputs."""
+    in WORKER for the stats hook to take; only workers in other processes send them on outputs.
+    Where vLLM traces requests, each multimodal request's record tallies its facts too."""
     result = wrapped(*args, **kwargs)
     try:
         WORKER.collected_in_process = True
         # the access log's capacity line, at start
-        state_of(scheduler.encoder_cache_manager, scheduler.vllm_config.model_config)
+        state = state_of(scheduler.encoder_cache_manager, scheduler.vllm_config.model_config)
+        if scheduler.observability_config.otlp_traces_endpoint:
+            state.trace_requests()
     except Exception as e:  # noqa: BLE001
         failed("scheduler.created", e)
     return result

@@ -9,12 +9,13 @@ import dataclasses
 
 FIELD = "encoder_cache_stats"  # EncoderCacheStats.to_wire(): dict[str, int]
 STAGES_FIELD = "mm_stage_durations"  # worker stage -> durations in ns since the last stats
-# request id -> [encoder ns, EC-load ns, items computed] of requests past their first token
+# request id -> its record once past its first token: encoder ns, EC-load ns, items computed
+# (carry/ttft.py), and while vLLM traces requests its items and outcomes (carry/request_facts.py)
 SHARES_FIELD = "mm_request_shares"
 # the EC connector's transfers: "<items|bytes|ns>:<load|save>" -> count since the last stats
 TRANSFERS_FIELD = "mm_ec_transfers"
 FIELDS = {FIELD: dict[str, int] | None, STAGES_FIELD: dict[str, list[int]] | None,
-          SHARES_FIELD: dict[str, list[int]] | None, TRANSFERS_FIELD: dict[str, int] | None}
+          SHARES_FIELD: dict[str, dict[str, int]] | None, TRANSFERS_FIELD: dict[str, int] | None}
 
 
 def inject_scheduler_stats_fields() -> None:

@@ -6,7 +6,8 @@ runner whose code they wrap. Supporting another release means editing this table
 from __future__ import annotations
 
 from mmscope import stages
-from mmscope.vllm import engine_stats, processor, request_times as rt, runner_output as ro
+from mmscope.vllm import engine_stats, processor, request_spans as rs
+from mmscope.vllm import request_times as rt, runner_output as ro
 from mmscope.vllm import scheduler as sch, stat_loggers as sl, step_scopes as sc
 from mmscope.vllm import step_telemetry as st, worker_stages as ws
 from mmscope.vllm.patching import Hook
@@ -175,5 +176,32 @@ def vllm_scope_hooks() -> list[Hook]:
     ]
 
 
+# --- vLLM's OTLP request span (docs/design.md §5a) ------------------------------------------------
+OUTPUT = "vllm.v1.engine.output_processor:OutputProcessor"
+
+
+def otlp_hooks() -> list[Hook]:
+    """API server (or the offline LLM's process): vLLM's output processor made with tracing on
+    (--otlp-traces-endpoint) applies the rows of otlp_request_hooks(); it is made once, so
+    without tracing nothing is applied per request. EngineCore reads the same switch from its
+    scheduler's config (scheduler.scheduler_created)."""
+    return [
+        Hook("otlp.tracing_enabled", f"{OUTPUT}.__init__",
+             ("self", "tokenizer", "log_stats", "stream_interval", "tracing_enabled"),
+             rs.output_processor_created, "otlp", "API server"),
+    ]
+
+
+def otlp_request_hooks() -> list[Hook]:
+    """Applied once vLLM traces requests (request_spans.output_processor_created)."""
+    return [
+        Hook("otlp.request_added", f"{OUTPUT}.add_request", ("self", "request"),
+             rs.request_added, "otlp", "API server"),
+        Hook("otlp.request_span", f"{OUTPUT}.do_tracing",
+             ("self", "engine_core_output", "req_state", "iteration_stats"), rs.request_traced,
+             "otlp", "API server"),
+    ]
+
+
 def all_hooks() -> list[Hook]:
-    return accounting_hooks() + metrics_hooks() + range_hooks()
+    return accounting_hooks() + metrics_hooks() + range_hooks() + otlp_hooks()
