@@ -47,7 +47,8 @@ def metrics_page(path) -> None:
                    "hits_by_source:in_step": 1, "usage_embeds": 1536}, 0)
     ttft = TtftProm(partial(Histogram, registry=registry), labels)
     for i, (hit, total, parts) in enumerate(REQUESTS):
-        ttft.observe(TtftSplit(f"r{i}", 0, hit, total, dict(zip(stages.TTFT_PARTS, parts))))
+        ttft.observe(TtftSplit(f"r{i}", 0, hit, total, dict(zip(stages.TTFT_PARTS, parts)),
+                               f"internal-{i}"))
     path.write_bytes(generate_latest(registry))
 
 
