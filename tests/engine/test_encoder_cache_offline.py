@@ -120,7 +120,10 @@ def test_offline_stats_line_carries_encoder_hit_rate(engine):
     line = next(ln for ln in lines if "Avg prompt throughput" in ln)
     c = counters(llm)
     rate = 100 * c["encoder_cache_hits"] / c["encoder_cache_queries"]
-    assert line.endswith(f"Encoder cache hit rate: {rate:.1f}%")
+    saved = 100 * (c["encoder_cache_hit_embeds"] + c["encoder_cache_prefix_covered_embeds"]) / (
+        c["encoder_cache_query_embeds"] + c["encoder_cache_prefix_covered_embeds"])
+    assert f"Encoder cache hit rate: {rate:.1f}%, Encoder work saved: {saved:.1f}% of embeddings" \
+        in line
 
 
 # --- the prefix cache: items it spares are their own outcome (docs/design.md §4), not queries ----------

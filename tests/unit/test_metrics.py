@@ -176,7 +176,21 @@ def test_the_stats_line_gets_the_encoder_hit_rate(vllm_config, metrics_hooks):
         mgr = manager(vllm_config, aggregate=aggregate)
         record(mgr, stats_with(wire((0, Decision.COMPUTE), (1, Decision.LOCAL_HIT),
                                     (2, Decision.LOCAL_HIT), (3, Decision.LOCAL_HIT))))
-        assert stats_line(mgr).endswith(", Encoder cache hit rate: 75.0%")
+        assert stats_line(mgr).endswith(
+            ", Encoder cache hit rate: 75.0%, Encoder work saved: 75.0% of embeddings")
+
+
+def test_the_stats_line_weighs_the_work_saved_by_embeddings(vllm_config, metrics_hooks):
+    """One hit on a 4,000-embedding video, one miss on a 64-embedding thumbnail: half the items
+    hit, 98.4% of the encoder's work was saved."""
+    mgr = manager(vllm_config)
+    ledger = EncoderCacheLedger()
+    ledger.propose(Item("r", 0, "video", "clip", 4000), Decision.LOCAL_HIT)
+    ledger.propose(Item("r", 1, "image", "thumb", 64), Decision.COMPUTE)
+    ledger.commit_step({"r"}, {"r": [1]})
+    record(mgr, stats_with(ledger.drain().to_wire()))
+    assert stats_line(mgr).endswith(
+        ", Encoder cache hit rate: 50.0%, Encoder work saved: 98.4% of embeddings")
 
 
 def test_the_stats_line_gets_the_work_the_prefix_cache_spared(vllm_config, metrics_hooks):
@@ -186,8 +200,8 @@ def test_the_stats_line_gets_the_work_the_prefix_cache_spared(vllm_config, metri
     ledger.propose(Item("r", 1, "image", "k1", 16), Decision.COMPUTE)
     ledger.commit_step({"r"}, {"r": [1]})
     record(mgr, stats_with(ledger.drain().to_wire()))
-    assert stats_line(mgr).endswith(
-        ", Encoder cache hit rate: 0.0%, Encoder work avoided: 50.0% of items")
+    assert stats_line(mgr).endswith(", Encoder cache hit rate: 0.0%, Encoder work saved: 50.0% of "
+                                    "embeddings, Encoder work avoided: 50.0% of items")
     s = samples()
     assert s[("vllm:encoder_cache_prefix_covered_total", "0", None)] == 1
     assert s[("vllm:encoder_cache_queries_total", "0", None)] == 1
@@ -202,11 +216,12 @@ def test_the_stats_line_says_so_whenever_the_prefix_cache_spared_items(vllm_conf
     ledger.commit_step({"r"}, {})
     record(mgr, stats_with(ledger.drain().to_wire()))
     line = stats_line(mgr)
-    assert line.endswith(", Encoder work avoided: 100.0% of items")
+    assert line.endswith(", Encoder work saved: 100.0% of embeddings, Encoder work avoided: "
+                         "100.0% of items")
     assert "Encoder cache hit rate" not in line  # no query in the window
     record(mgr, stats_with(wire((1, Decision.LOCAL_HIT))))
-    assert stats_line(mgr).endswith(
-        ", Encoder cache hit rate: 100.0%, Encoder work avoided: 100.0% of items")
+    assert stats_line(mgr).endswith(", Encoder cache hit rate: 100.0%, Encoder work saved: 100.0% "
+                                    "of embeddings, Encoder work avoided: 100.0% of items")
 
 
 def test_the_warm_up_is_no_traffic_for_the_stage_histogram(vllm_config, metrics_hooks):

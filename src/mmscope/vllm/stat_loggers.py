@@ -16,7 +16,7 @@ from mmscope.vllm import request_times
 from mmscope.vllm.encoder_outputs import bytes_per_embedding
 from mmscope.vllm.patching import failed
 
-# vLLM's logger objects -> ours, weakly: mmscope adds no attributes to vLLM's objects.
+# vLLM's logger objects -> ours, weakly: state of ours never hangs on a logger of vLLM's.
 _prom: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # PrometheusStatLogger -> series
 _windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # LoggingStatLogger -> window
 
@@ -108,7 +108,8 @@ def _logging_stat_logger() -> type:
 class EncoderWindow:
     """Windowed rates over the most recent requests (vLLM's CachingMetrics, as beside the MM
     cache rate): the hit rate of queries; over the items sent, the share whose encoder work was
-    avoided (a hit or the prefix cache) and the share the prefix cache covered."""
+    avoided (a hit or the prefix cache) and the share the prefix cache covered; over the
+    embeddings sent, the share of the encoder's work saved."""
 
     def __init__(self):
         from vllm.v1.metrics.stats import CachingMetrics
@@ -116,6 +117,7 @@ class EncoderWindow:
         self.hits = CachingMetrics()
         self.avoided = CachingMetrics()
         self.covered = CachingMetrics()
+        self.saved = CachingMetrics()
 
 
 def _to_hit_rate_window(log_logger, wire: dict[str, int]) -> None:
@@ -132,6 +134,10 @@ def _to_hit_rate_window(log_logger, wire: dict[str, int]) -> None:
         sent = queries + covered
         window.avoided.observe(BaseCacheStats(requests=requests, queries=sent, hits=hits + covered))
         window.covered.observe(BaseCacheStats(requests=requests, queries=sent, hits=covered))
+    spared = wire.get("hit_embeds", 0) + wire.get("prefix_covered_embeds", 0)
+    embeds = wire.get("query_embeds", 0) + wire.get("prefix_covered_embeds", 0)
+    if embeds:
+        window.saved.observe(BaseCacheStats(requests=requests, queries=embeds, hits=spared))
 
 
 _logging_now = threading.local()
@@ -148,9 +154,9 @@ def stats_logged(wrapped, log_logger, args, kwargs):
 
 
 class EncoderHitRateFilter(logging.Filter):
-    """Appends `Encoder cache hit rate: X.X%` (and the encoder work avoided per item sent, while
-    the window holds items the prefix cache spared) to the stats line of the logger whose log()
-    is running."""
+    """Appends `Encoder cache hit rate: X.X%`, the encoder work saved in embeddings (and the
+    encoder work avoided per item sent, while the window holds items the prefix cache spared) to
+    the stats line of the logger whose log() is running."""
 
     MARKER = "Avg prompt throughput"
 
@@ -165,6 +171,9 @@ class EncoderHitRateFilter(logging.Filter):
         if not window.hits.empty:
             record.msg += ", Encoder cache hit rate: %.1f%%"
             args += (window.hits.hit_rate * 100,)
+        if not window.saved.empty:  # hits and prefix-covered items, weighed by embeddings
+            record.msg += ", Encoder work saved: %.1f%% of embeddings"
+            args += (window.saved.hit_rate * 100,)
         if window.covered.hit_rate > 0:  # items the prefix cache spared lie in the window
             record.msg += ", Encoder work avoided: %.1f%% of items"
             args += (window.avoided.hit_rate * 100,)
