@@ -46,6 +46,7 @@ ROWS = [
     ("analyze --filter ( {profile}", "--filter"),
     ("analyze --html {file}/report.html {profile}", "{file}"),
     ("analyze --csv /proc/stages.csv {profile}", "/proc"),
+    ("analyze --html {tmp}/missing/r.html {tmp}/missing.sqlite", "cannot create a file"),
     ("analyze {corrupt}", "not a readable SQLite database"),
     ("analyze --json {corrupt}", "not a readable SQLite database"),
     ("analyze {badtext}", "not a readable SQLite database"),

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from mmscope.errors import UserError
+from mmscope.errors import UserError, check_output_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +54,9 @@ def run(args) -> int:
 
     check_regex(args.filter)
     check_workers(args.workers)
+    for path, option in ((args.html, "--html"), (args.csv, "--csv")):
+        if path is not None:  # before the work, as every command's output
+            check_output_file(path, option)
     scraped = None
     if args.metrics:
         from mmscope.analyze import scrape
