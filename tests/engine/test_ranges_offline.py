@@ -133,7 +133,7 @@ def test_step_tokens_at_info_every_fiftieth_step(traced):
     steps = [int(msg.split()[1].split("=")[1]) for _, msg in lines]
     info = [int(msg.split()[1].split("=")[1]) for level, msg in lines if level == logging.INFO]
     assert len(steps) == 60 and steps == list(range(steps[0], steps[0] + 60))
-    assert info == [s for s in steps if s % 50 == 0] and len(info) == 1
+    assert info == [s for s in steps if s % 50 == 0] and 1 <= len(info) <= 2
 
 
 def stage_counts(llm) -> dict[str, int]:
