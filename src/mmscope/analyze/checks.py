@@ -60,7 +60,7 @@ def siblings_disjoint(table: RangeTable) -> dict:
     if len(rows) < 2:
         return _result(name, 0, len(rows), "", "preprocess child ranges")
     thread = table.thread[rows]
-    g = group_index(thread, np.zeros(len(rows), np.int8))
+    g = group_index(thread)
     ks, ke = packed_keys(g, table.start[rows], table.end[rows])
     order, ks = packed_order(g, ks)  # rows are in row order: ties stay by row
     ke = ke[order]

@@ -290,9 +290,11 @@ def _through(index: np.ndarray, at: np.ndarray) -> np.ndarray:
     return out
 
 
-def group_index(thread: np.ndarray, sub: np.ndarray) -> np.ndarray:
-    """A dense id per (thread, sub) pair; profiles have few threads, so lookups are cheap."""
-    t_keys, s_keys = distinct(thread), distinct(sub)
+def group_index(thread: np.ndarray, sub: np.ndarray | None = None) -> np.ndarray:
+    """A dense id per (thread, sub) pair, or per thread; profiles have few threads, so lookups
+    are cheap."""
+    t_keys = distinct(thread)
+    s_keys = distinct(sub) if sub is not None else t_keys[:1]
     g = np.searchsorted(t_keys, thread)
     if len(s_keys) > 1:
         g *= len(s_keys)
@@ -325,6 +327,26 @@ def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
     if int(g.max()).bit_length() + bits > 62:
         raise ValueError("too many threads and timestamps to nest")
     return (g << bits) | inverse[:len(s)], (g << bits) | inverse[len(s):]
+
+
+def asof(thread: np.ndarray, start: np.ndarray, right_thread: np.ndarray,
+         right_start: np.ndarray) -> np.ndarray:
+    """For each (thread, start), the position in the right side of the last range on that
+    thread starting at or before it (of equal starts, the last in the right side's order), -1
+    where none: an as-of join on thread and time, one binary search over packed keys."""
+    n = len(thread)
+    if n == 0 or len(right_thread) == 0:
+        return np.full(n, NO_PARENT, np.int64)
+    g = group_index(np.concatenate([thread, right_thread]))
+    times = np.concatenate([start, right_start])
+    keys = packed_keys(g, times, times)[0]
+    del times
+    order, right_keys = packed_order(g[n:], keys[n:])
+    pos = np.searchsorted(right_keys, keys[:n], side="right") - 1
+    del keys, right_keys
+    found = order[np.maximum(pos, 0)].astype(np.int64)
+    found[(pos < 0) | (g[n:][found] != g[:n])] = NO_PARENT
+    return found
 
 
 def packed_order(g: np.ndarray, ks: np.ndarray):
