@@ -57,6 +57,7 @@ def _parts(frame, windows: dict) -> dict[str, np.ndarray]:
     windows starting at or before a range on its thread, the latest holds it)."""
     ranges = frame.ranges
     rows = np.flatnonzero(np.isin(ranges["parent"], windows["parent"]))
+    rows = rows[_in_a_window(ranges["start"][rows], windows)]
     at = asof(ranges["thread"][rows], ranges["start"][rows], windows["thread"], windows["start"])
     rows, at = rows[at >= 0], at[at >= 0]
     inside = ((ranges["start"][rows] < windows["end"][at])
@@ -67,6 +68,16 @@ def _parts(frame, windows: dict) -> dict[str, np.ndarray]:
     ns = np.zeros(len(keys), np.int64)
     np.add.at(ns, inverse, ranges["end"][rows] - ranges["start"][rows])
     return {"step": keys // n_stages, "stage": keys % n_stages, "ns": ns}
+
+
+def _in_a_window(start: np.ndarray, windows: dict) -> np.ndarray:
+    """Whether each start lies in some window, whatever its thread: a cheap first cut, which
+    keeps every range the as-of join can match (the windows sample few of the steps)."""
+    order = np.argsort(windows["start"], kind="stable")
+    window_start = windows["start"][order]
+    reach = np.maximum.accumulate(windows["end"][order])  # the latest end of a window so far
+    at = np.searchsorted(window_start, start, side="right") - 1
+    return (at >= 0) & (start < reach[np.maximum(at, 0)])
 
 
 def _next_start(step_table, picked: np.ndarray) -> np.ndarray:
