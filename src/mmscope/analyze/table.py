@@ -299,6 +299,10 @@ def group_index(thread: np.ndarray, sub: np.ndarray | None = None) -> np.ndarray
     if len(s_keys) > 1:
         g *= len(s_keys)
         g += np.searchsorted(s_keys, sub)
+    # The narrowest type: a quarter of the memory, and a radix sort in packed_order.
+    for narrow in (np.int16, np.int32):
+        if len(t_keys) * len(s_keys) <= np.iinfo(narrow).max:
+            return g.astype(narrow)
     return g
 
 
@@ -316,7 +320,7 @@ def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
     t0 = int(s.min())
     bits = max(int(e.max()) - t0, 1).bit_length()
     if int(g.max()).bit_length() + bits <= 62:
-        high = g << bits
+        high = g.astype(np.int64) << bits
         ks, ke = s - t0, e - t0
         ks |= high
         ke |= high
@@ -326,7 +330,8 @@ def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
     bits = max(int(len(times)).bit_length(), 1)
     if int(g.max()).bit_length() + bits > 62:
         raise ValueError("too many threads and timestamps to nest")
-    return (g << bits) | inverse[:len(s)], (g << bits) | inverse[len(s):]
+    high = g.astype(np.int64) << bits
+    return high | inverse[:len(s)], high | inverse[len(s):]
 
 
 def asof(thread: np.ndarray, start: np.ndarray, right_thread: np.ndarray,
@@ -354,10 +359,9 @@ def packed_order(g: np.ndarray, ks: np.ndarray):
     order.
 
     Profiles list each thread's ranges in start order, so a radix sort of the small group ids
-    mostly sorts the keys already; the full sort runs only where it did not."""
-    small = g.astype(np.int16) if len(g) and int(g.max()) < (1 << 15) else g
-    order = np.argsort(small, kind="stable").astype(position_type(len(g)), copy=False)
-    del small
+    (group_index gives them in 16 bits where they fit) mostly sorts the keys already; the full
+    sort runs only where it did not."""
+    order = np.argsort(g, kind="stable").astype(position_type(len(g)), copy=False)
     sk = ks[order]
     if len(sk) > 1 and (sk[1:] < sk[:-1]).any():
         # Within a group the rows are still in row order, so ties stay by row.
