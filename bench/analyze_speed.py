@@ -186,7 +186,7 @@ built = frame.build(table, WORKERS); lap("frame: tree nodes, self time, roles")
 by_node, by_stage = stats.aggregate(built.sql)
 stats.flat(built, by_node, by_stage); stats.tree(built, by_node); lap("stage tree and table (SQL)")
 pairs = steps.step_join(built); step_table = steps.steps_of(built, pairs)
-steps.summary(built, pairs); lap("step join (SQL)")
+steps.summary(built, pairs); lap("step join")
 checks.run_all(built, pairs); lap("checks")
 benefit.cache_benefit(built, step_table); per_step.per_step(built, step_table)
 report.profile_info(sys.argv[1], built); lap("cache benefit, per-step view, profile")
@@ -391,7 +391,7 @@ def report(path: Path, m: dict, workers) -> None:
          nocache["wall"] / bare["wall"])
     for k in ("load (read + table + nesting)", "  of which DuckDB reads NVTX_EVENTS into numpy",
               "  of which nesting", "frame: tree nodes, self time, roles",
-              "stage tree and table (SQL)", "step join (SQL)", "checks",
+              "stage tree and table (SQL)", "step join", "checks",
               "cache benefit, per-step view, profile"):
         line("  phase: " + k, ph[k])
     print(f"{'  phases, one process (peak RSS)':<62}{'':>15}{ph['rss'] / 1024:>14.0f}")

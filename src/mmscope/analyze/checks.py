@@ -59,10 +59,10 @@ def siblings_disjoint(table: RangeTable) -> dict:
     rows = table.rows_named(*SIBLINGS)
     if len(rows) < 2:
         return _result(name, 0, len(rows), "", "preprocess child ranges")
-    thread = table.thread[rows]
-    g = group_index(thread, np.zeros(len(rows), np.int8))
+    g = group_index(table.thread[rows])
     ks, ke = packed_keys(g, table.start[rows], table.end[rows])
     order, ks = packed_order(g, ks)  # rows are in row order: ties stay by row
+    del g
     ke = ke[order]
     # Packed keys keep each thread's ends below the next thread's starts.
     latest = np.maximum.accumulate(ke)

@@ -25,6 +25,7 @@ class Frame:
     roles: list[str]             # role labels, in the order of the tree's roots
     view: tree.StageView         # the stage rows, their stage parents and depths
     nodes: tree.Nodes
+    ranges: dict[str, np.ndarray]  # the columns of the view `ranges`, per stage row
 
     def close(self) -> None:
         self.sql.close()
@@ -45,11 +46,12 @@ def build(table: RangeTable, workers: int | None = None) -> Frame:
     role_of_row = _per_row((thread >> 24) & 0xFFFFFF, role_of_pid)
     nodes = tree.build(table, view, stage, role_of_row, len(stage_list))
     del role_of_row
-    sql.register("ranges", {"stage": stage, "node": view.take(nodes.of_row), "thread": thread,
-                            "start": view.take(table.start), "end": view.take(table.end),
-                            "parent": view.parent, "self_ns": tree.self_times(table, view)})
+    ranges = {"stage": stage, "node": view.take(nodes.of_row), "thread": thread,
+              "start": view.take(table.start), "end": view.take(table.end),
+              "parent": view.parent, "self_ns": tree.self_times(table, view)}
+    sql.register("ranges", ranges)
     return Frame(table=table, sql=sql, stages=stage_list, stage_of_name=stage_of_name,
-                 processes=procs, roles=roles, view=view, nodes=nodes)
+                 processes=procs, roles=roles, view=view, nodes=nodes, ranges=ranges)
 
 
 def _find_catalogue_rows(table: RangeTable) -> None:

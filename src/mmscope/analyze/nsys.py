@@ -38,9 +38,10 @@ def load(path: str, workers: int | None = None) -> tbl.RangeTable:
         with sqlite_source.readable(path) as readable:
             con = sqlite_source.connect(readable, workers)
             try:
-                return _load(con, path)
+                found = _read(con, path)
             finally:
-                con.close()
+                con.close()  # DuckDB holds the last result until then: free it before the build
+        return _to_table(*found)
     except (duckdb.Error, UnicodeDecodeError, SystemError) as e:
         # A corrupt file breaks the SQLite reader, or hands back text that is no UTF-8 (which
         # DuckDB's numpy conversion reports as a SystemError over the UnicodeDecodeError).
@@ -51,18 +52,19 @@ def load(path: str, workers: int | None = None) -> tbl.RangeTable:
         raise UserError(f"{path}: not a readable SQLite database ({why})") from None
 
 
-def _load(con, path: str) -> tbl.RangeTable:
+def _read(con, path: str) -> tuple:
+    """What _to_table takes, read from the file."""
     tables = {r[0] for r in con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE database_name = 'db'").fetchall()}
     name = _nvtx_table(tables, path)
     cols = {r[0] for r in con.execute(
         "SELECT column_name FROM duckdb_columns() WHERE database_name = 'db' AND table_name = ?",
         [name]).fetchall()}
-    raw = _read_events(con, name, cols, _event_types(con, tables))
     strings = _string_ids(con, tables)
-    registered = _Registered(strings)
-    return _to_table(raw, registered, _thread_names_table(con, tables, strings),
-                     _process_names(con, tables), _session_clock(con, tables))
+    small = (_thread_names_table(con, tables, strings), _process_names(con, tables),
+             _session_clock(con, tables))
+    raw = _read_events(con, name, cols, _event_types(con, tables))
+    return (raw, _Registered(strings), *small)
 
 
 def _q(identifier: str) -> str:

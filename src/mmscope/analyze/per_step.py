@@ -8,20 +8,11 @@ import numpy as np
 
 from mmscope import stages
 from mmscope.analyze.steps import KINDS, SHAPE_FIELDS
+from mmscope.analyze.table import asof
 
 MAX_STEPS = 2000
 TOP_PARTS = 4  # the ranges beside preprocess that take most time; the others are "other"
 ENCODER, PREPROCESS_REST, OTHER = "encoder", "preprocess (rest)", "other"
-
-# Each range beside a step's preprocess (same thread, same parent), in that step's window.
-PARTS = """
-SELECT w.step, r.stage, CAST(sum(r."end" - r.start) AS BIGINT) AS ns
-FROM (SELECT * FROM ranges WHERE parent IN (SELECT parent FROM windows)) r
-ASOF JOIN windows w ON r.thread = w.thread AND r.start >= w.start
-WHERE r.start < w."end" AND r.parent = w.parent
-GROUP BY ALL
-"""
-
 
 def sample(n: int, most: int = MAX_STEPS) -> np.ndarray:
     """Positions of at most `most` of n items, evenly spread, first and last included."""
@@ -40,10 +31,8 @@ def per_step(frame, step_table) -> dict | None:
     picked = stepped[sample(len(stepped))]
     pre = step_table["pre"][picked]
     ends = _next_start(step_table, picked)
-    frame.sql.register("windows", {
-        "step": np.arange(len(picked)), "thread": table.thread[pre], "start": table.start[pre],
-        "end": ends, "parent": table.parent[pre]})
-    got = frame.sql.query(PARTS)
+    got = _parts(frame, {"thread": table.thread[pre], "start": table.start[pre], "end": ends,
+                         "parent": table.parent[pre]})
     stage_names = [frame.stages[s] for s in got["stage"].tolist()]
     beside = _top(stage_names, got["ns"])
     parts = [ENCODER, PREPROCESS_REST] + beside + [OTHER]
@@ -60,6 +49,35 @@ def per_step(frame, step_table) -> dict | None:
             "kind": [KINDS[k] for k in step_table["kind"][picked].tolist()],
             **{f: step_table[f][picked].tolist() for f in SHAPE_FIELDS},
             "ns": ns.tolist()}
+
+
+def _parts(frame, windows: dict) -> dict[str, np.ndarray]:
+    """Per step and stage, the time of the ranges beside the step's preprocess in its window:
+    the stage ranges with the preprocess' parent that start in the window on its thread (of
+    windows starting at or before a range on its thread, the latest holds it)."""
+    ranges = frame.ranges
+    rows = np.flatnonzero(np.isin(ranges["parent"], windows["parent"]))
+    rows = rows[_in_a_window(ranges["start"][rows], windows)]
+    at = asof(ranges["thread"][rows], ranges["start"][rows], windows["thread"], windows["start"])
+    rows, at = rows[at >= 0], at[at >= 0]
+    inside = ((ranges["start"][rows] < windows["end"][at])
+              & (ranges["parent"][rows] == windows["parent"][at]))
+    rows, at = rows[inside], at[inside]
+    n_stages = len(frame.stages)
+    keys, inverse = np.unique(at * n_stages + ranges["stage"][rows], return_inverse=True)
+    ns = np.zeros(len(keys), np.int64)
+    np.add.at(ns, inverse, ranges["end"][rows] - ranges["start"][rows])
+    return {"step": keys // n_stages, "stage": keys % n_stages, "ns": ns}
+
+
+def _in_a_window(start: np.ndarray, windows: dict) -> np.ndarray:
+    """Whether each start lies in some window, whatever its thread: a cheap first cut, which
+    keeps every range the as-of join can match (the windows sample few of the steps)."""
+    order = np.argsort(windows["start"], kind="stable")
+    window_start = windows["start"][order]
+    reach = np.maximum.accumulate(windows["end"][order])  # the latest end of a window so far
+    at = np.searchsorted(window_start, start, side="right") - 1
+    return (at >= 0) & (start < reach[np.maximum(at, 0)])
 
 
 def _next_start(step_table, picked: np.ndarray) -> np.ndarray:

@@ -15,17 +15,26 @@ RELEASE_MEMORY = {"allocator_flush_threshold": "16MiB",
                   "allocator_bulk_deallocation_flush_threshold": "16MiB"}
 
 
+def connect(threads: int | None = None, **config):
+    """A DuckDB connection as every part of the analyzer opens one."""
+    import duckdb
+
+    config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+              **RELEASE_MEMORY, **config}
+    if threads is not None:
+        config["threads"] = threads
+    con = duckdb.connect(config=config)
+    # DuckDB draws a progress bar on stdout when Python looks interactive, and stdout may be the
+    # --json answer.
+    con.execute("SET enable_progress_bar = false")
+    return con
+
+
 class Sql:
     """One DuckDB connection over one analysis' columns; `query` returns numpy columns."""
 
     def __init__(self, threads: int | None = None):
-        import duckdb
-
-        config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
-                  **RELEASE_MEMORY}
-        if threads is not None:
-            config["threads"] = threads
-        self.con = duckdb.connect(config=config)
+        self.con = connect(threads)
 
     def register(self, view: str, columns: dict[str, np.ndarray]) -> None:
         self.con.register(view, {k: np.ascontiguousarray(v) for k, v in columns.items()})

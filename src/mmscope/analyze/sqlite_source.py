@@ -67,16 +67,10 @@ def extension_path() -> str:
 
 def connect(path: str, threads: int | None = None):
     """A DuckDB connection with `path` attached read-only as the catalog `db`."""
-    import duckdb
+    from mmscope.analyze import sql
 
     # Rows come back in the scan's (rowid) order, which the reader's second query relies on.
-    from mmscope.analyze.sql import RELEASE_MEMORY
-
-    config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
-              "preserve_insertion_order": True, **RELEASE_MEMORY}
-    if threads is not None:
-        config["threads"] = threads
-    con = duckdb.connect(config=config)
+    con = sql.connect(threads, preserve_insertion_order=True)
     con.execute(f"LOAD '{_quoted(extension_path())}'")
     con.execute(f"ATTACH '{_quoted(path)}' AS db (TYPE sqlite, READ_ONLY)")
     return con

@@ -1,5 +1,5 @@
-"""The steps of a profile: each forward joined in SQL (ASOF) to the nearest preceding step_meta on
-its thread (the step's batch shape) and to the preprocess it follows (the step's preprocess).
+"""The steps of a profile: each forward joined (as of its start) to the nearest preceding step_meta
+on its thread (the step's batch shape) and to the preprocess it follows (the step's preprocess).
 
 It gives forward time against batch shape, and the per-step table the cache benefit and the
 report's per-step view read.
@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.table import RangeTable, enclosing
+from mmscope.analyze.table import RangeTable, asof, enclosing
 
 SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
 
@@ -122,42 +122,38 @@ class StepPairs:
         return self._columns[name]
 
 
-def register(sql, view: str, table: RangeTable, rows: np.ndarray) -> None:
-    """Some rows of the table as a small view: row, thread, start, end, name."""
-    sql.register(view, {"row": rows.astype(np.int64), "thread": table.thread[rows],
-                        "start": table.start[rows], "end": table.end[rows],
-                        "name": table.name_id[rows]})
-
-
-# Of step_meta ranges that start together on a thread, the last in row order is the step's.
-JOIN = """
-WITH metas AS (SELECT thread, start, max(row) AS row, arg_max(name, row) AS name
-               FROM meta GROUP BY thread, start)
-SELECT f.row AS forward_row, m.row AS meta_row, f.thread, f.start, f."end" - f.start AS forward_ns,
-       m.name AS meta_name
-FROM fwd f ASOF JOIN metas m ON f.thread = m.thread AND f.start >= m.start
-ORDER BY f.start, f.row
-"""
-
-
 def step_join(frame) -> StepPairs:
-    """One row per forward that found a step_meta, in time order (start, then row)."""
-    table, sql = frame.table, frame.sql
-    metas, shapes = step_meta_rows(table)
-    register(sql, "fwd", table, table.rows_named(stages.FORWARD))
-    register(sql, "meta", table, metas)
-    got = sql.query(JOIN)
-    by_field = np.ascontiguousarray(shapes.T)  # one 1-D gather per field, not rows of four
-    ids = got.pop("meta_name")
-    return StepPairs({**got, **{k: by_field[j][ids] for j, k in enumerate(SHAPE_FIELDS)}})
+    """One row per forward that found a step_meta, in time order (start, then row): the
+    nearest step_meta starting at or before it on its thread; of step_meta ranges that start
+    together on a thread, the last in row order is the step's."""
+    table = frame.table
+    metas, shapes = step_meta_rows(table)  # in row order
+    fwd = table.rows_named(stages.FORWARD)
+    at = asof(table.thread[fwd], table.start[fwd], table.thread[metas], table.start[metas])
+    joined = at >= 0
+    fwd, meta = fwd[joined], metas[at[joined]]
+    del at, joined
+    order = np.argsort(table.start[fwd], kind="stable")  # fwd in row order: ties stay by row
+    fwd, meta = fwd[order].astype(np.int64), meta[order].astype(np.int64)
+    start = table.start[fwd]
+    ids = table.name_id[meta]
+    return StepPairs({"forward_row": fwd, "meta_row": meta, "thread": table.thread[fwd],
+                      "start": start, "forward_ns": table.end[fwd] - start,
+                      **{k: shapes[ids, j] for j, k in enumerate(SHAPE_FIELDS)}})
 
 
-# Each forward with the preprocess it follows on its thread; a preprocess' step is its first.
-FORWARD_OF = """
-WITH joined AS (SELECT p.row AS pre, f.row AS fwd, f.start
-                FROM fwd f ASOF JOIN pre p ON f.thread = p.thread AND f.start >= p.start)
-SELECT pre, arg_min(fwd, start) AS fwd FROM joined GROUP BY pre
-"""
+def _forward_of(table: RangeTable, pre: np.ndarray) -> np.ndarray:
+    """Per preprocess row (in `pre`'s order), the first forward (by start, then row) of those
+    whose nearest preceding preprocess on their thread it is; -1: none."""
+    fwd = table.rows_named(stages.FORWARD)
+    fwd = fwd[np.argsort(table.start[fwd], kind="stable")]
+    at = asof(table.thread[fwd], table.start[fwd], table.thread[pre], table.start[pre])
+    joined = at >= 0
+    at, fwd = at[joined], fwd[joined]
+    steps, first = np.unique(at, return_index=True)  # the first of each in (start, row) order
+    forward = np.full(len(pre), -1, np.int64)
+    forward[steps] = fwd[first]
+    return forward
 
 
 class Steps:
@@ -176,14 +172,10 @@ class Steps:
 
 
 def steps_of(frame, pairs: StepPairs) -> Steps:
-    table, sql = frame.table, frame.sql
+    table = frame.table
     pre = table.rows_named(stages.PREPROCESS)
     pre = pre[np.argsort(table.start[pre], kind="stable")]
-    register(sql, "pre", table, pre)
-    got = sql.query(FORWARD_OF)
-    forward = np.full(len(table), -1, np.int64)
-    forward[got["pre"]] = got["fwd"]
-    forward = forward[pre]
+    forward = _forward_of(table, pre)
     meta = np.full(len(table), -1, np.int64)
     if len(pairs):
         meta[pairs["forward_row"]] = pairs["meta_row"]
@@ -222,18 +214,24 @@ def kind_codes(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:
 def cut_metas(frame, metas: np.ndarray) -> np.ndarray:
     """Of these step_meta rows, those the trace ends inside of: the last step_meta of its
     thread, with no forward of that thread starting at or after it (the process was stopped
-    before its forward ended, or the profile's window closed). Reads the views of step_join."""
+    before its forward ended, or the profile's window closed)."""
     if len(metas) == 0:
         return metas
-    last = frame.sql.rows("""SELECT m.thread, max(m.start),
-                                    (SELECT max(f.start) FROM fwd f WHERE f.thread = m.thread)
-                             FROM meta m GROUP BY m.thread""")
-    ends = {thread: (meta, -1 if forward is None else forward) for thread, meta, forward in last}
     table = frame.table
+    last_meta = _latest_start(table, step_meta_rows(table)[0])
+    last_forward = _latest_start(table, table.rows_named(stages.FORWARD))
     cut = [m for m, thread, start in zip(metas.tolist(), table.thread[metas].tolist(),
                                          table.start[metas].tolist())
-           if start == ends[thread][0] and ends[thread][1] < start]
+           if start == last_meta[thread] and last_forward.get(thread, -1) < start]
     return np.array(cut, np.int64)
+
+
+def _latest_start(table: RangeTable, rows: np.ndarray) -> dict[int, int]:
+    """{thread: the latest start of these rows on it}."""
+    threads, inverse = np.unique(table.thread[rows], return_inverse=True)
+    latest = np.full(len(threads), np.iinfo(np.int64).min)
+    np.maximum.at(latest, inverse, table.start[rows])
+    return dict(zip(threads.tolist(), latest.tolist()))
 
 
 def summary(frame, pairs: StepPairs) -> dict:
