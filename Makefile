@@ -7,9 +7,14 @@ setup:
 demo: setup
 	.venv/bin/mmscope demo
 
-# The whole suite on vLLM's V1 model runner, then the engine tests marked `runners` on V2.
+# The whole suite on vLLM's V1 model runner, then the engine tests marked `runners` on V2. Two
+# pytest-xdist workers, each test module whole on one (its shared engine or server). Unit and
+# engine tests run apart: unit tests apply and revert hooks in their own process, which an
+# in-process engine there would then miss (vLLM loads the plugin once per process). The V2 run
+# is one long module and a few short ones: no faster on two workers.
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile tests/unit
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile tests/engine
 	MMSCOPE_TEST_RUNNER=v2 .venv/bin/python -m pytest -q -m runners tests/engine
 
 bench: setup
