@@ -106,20 +106,24 @@ def _parse_regex(names: list[str], text: str) -> np.ndarray | None:
 KINDS = ("prefill", "decode", "mixed", "idle", "unknown")  # unknown: no step_meta joined
 
 
-class StepPairs:
-    """The step join's columns (numpy, equal length), one row per joined forward: `len()` is the
-    number of rows and `pairs[name]` a column, as of a DataFrame."""
-
-    COLUMNS = ("forward_row", "meta_row", "thread", "start", "forward_ns") + SHAPE_FIELDS
+class Columns:
+    """Numpy columns of equal length: `len()` is the number of rows and `cols[name]` a column,
+    as of a DataFrame."""
 
     def __init__(self, columns: dict[str, np.ndarray]):
-        self._columns = columns
+        self.columns = columns
 
     def __len__(self) -> int:
-        return len(self._columns["forward_row"])
+        return len(next(iter(self.columns.values())))
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self._columns[name]
+        return self.columns[name]
+
+
+class StepPairs(Columns):
+    """The step join: one row per joined forward."""
+
+    COLUMNS = ("forward_row", "meta_row", "thread", "start", "forward_ns") + SHAPE_FIELDS
 
 
 def step_join(frame) -> StepPairs:
@@ -156,19 +160,10 @@ def _forward_of(table: RangeTable, pre: np.ndarray) -> np.ndarray:
     return forward
 
 
-class Steps:
+class Steps(Columns):
     """One row per preprocess range, in time order: `pre` its row, `forward` the row of the
     forward that follows it (-1: none, no step), `meta` that forward's step_meta row (-1), the
     shape and kind, and its times: `pre_ns`, `encoder_ns` (vit_forward inside it), `forward_ns`."""
-
-    def __init__(self, columns: dict[str, np.ndarray]):
-        self.columns = columns
-
-    def __len__(self) -> int:
-        return len(self.columns["pre"])
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.columns[name]
 
 
 def steps_of(frame, pairs: StepPairs) -> Steps:
