@@ -56,18 +56,3 @@ def traced_server(tiny_model, tmp_path_factory, otlp_receiver):
     srv.trace_dir = base / "traces"
     with srv:
         yield srv
-
-
-# The modules that take longest (each starts its own servers), longest first: `make test`'s two
-# xdist workers take modules in collection order, so both then finish together instead of one
-# running the last long module alone.
-LONGEST_FIRST = ("test_readme.py", "test_epd.py", "test_data_parallel.py", "test_failing_hook.py",
-                 "test_encoder_cache_server.py", "test_prometheus.py", "test_load.py",
-                 "test_demo.py", "test_families.py", "test_torch_profiler.py",
-                 "test_durable_files.py", "test_cache_size_engine.py",
-                 "test_never_changes_results.py", "test_encoder_cache_connector.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: else as collected
