@@ -5,11 +5,11 @@ Independent of vLLM: the adapter feeds it request ids, step figures and vLLM's r
 """
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from typing import NamedTuple
 
 from mmscope import stages
+from mmscope.flags import flag
 
 # Opt-in, as vLLM's own per-request detail (--enable-mm-processor-stats): on the tiny model's
 # worst case the split costs 0.4% of the instructions, seven histogram observations a request.
@@ -103,7 +103,7 @@ class FrontTimes(NamedTuple):
 def enabled() -> bool:
     """MMSCOPE_TTFT_PARTS=1: each multimodal request's TTFT is split (read as each process
     instruments and as each engine starts)."""
-    return os.environ.get(ENV, "0").strip().lower() not in ("", "0", "false", "no")
+    return flag(ENV)
 
 
 def bounded_put(table: OrderedDict, key, value) -> None:

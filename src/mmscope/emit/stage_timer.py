@@ -6,11 +6,11 @@ A collector's clock says what a duration is: host wall time, or device time read
 """
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 
 from mmscope.emit import tracing
+from mmscope.flags import flag
 
 # A bound on memory between drains; beyond it durations are dropped (and counted).
 MAX_PER_STAGE = 20_000
@@ -122,7 +122,7 @@ FRONTEND = StageCollector()  # API server: hashing, processor stages
 WORKER = StageCollector()  # model runner: encoder forward, EC transfer, gather, embed
 UNCOUNTED = UncountedCollector()
 
-ENABLED = os.environ.get("MMSCOPE_STAGE_METRICS", "1").strip() not in ("0", "false", "no")
+ENABLED = flag("MMSCOPE_STAGE_METRICS", default=True)
 
 
 class timed_stage:

@@ -3,11 +3,11 @@ access log), the requests' TTFT shares and the worker durations received, keyed 
 EncoderCacheManager (one per scheduler)."""
 from __future__ import annotations
 
-import os
 import weakref
 
 from mmscope.carry import access_log, request_facts, ttft
 from mmscope.carry.ledger import EncoderCacheLedger, Item, probe_line
+from mmscope.flags import flag
 from mmscope.log import logger
 from mmscope.vllm.encoder_outputs import bytes_per_embedding
 
@@ -15,7 +15,7 @@ PROBE_ENV = "VLLM_MM_CACHE_PROBE"
 
 
 def probe_enabled() -> bool:
-    return os.environ.get(PROBE_ENV, "0").strip().lower() not in ("", "0", "false", "no")
+    return flag(PROBE_ENV)
 
 
 class EngineState:

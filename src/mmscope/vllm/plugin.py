@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from mmscope.flags import flag
 from mmscope.log import logger
 
 _registered_pid: int | None = None
@@ -20,7 +21,7 @@ def register() -> None:
     from mmscope.vllm import import_hint
     from mmscope.vllm.instrumentor import get_instrumentor
 
-    if os.environ.get("MMSCOPE_DISABLE", "0") not in ("", "0"):
+    if flag("MMSCOPE_DISABLE"):
         logger.info("mmscope: MMSCOPE_DISABLE is set; no hooks applied")
         return
     import_hint.install()
