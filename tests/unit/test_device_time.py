@@ -104,7 +104,7 @@ def test_the_worker_wrappers_sample_through_the_workers_clock(stream, monkeypatc
     def embed():
         stream.busy(0.02)
         return "embeddings"
-    assert wrapper(embed, None, (), {}) == "embeddings"
+    assert wrapper(None, embed, None, (), {}) == "embeddings"
     assert WORKER.drain() == {}
     stream.finish()
     (ns,) = WORKER.drain()[stages.EMBED_INPUT_IDS]

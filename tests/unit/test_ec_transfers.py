@@ -43,7 +43,7 @@ def connector():
     from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
 
     hook = Hook("test.ec_transfers", f"{__name__}:Factory.create_connector",
-                ("cls", "config", "role"), worker_stages.connector_created, "ranges", "worker")
+                ("role",), worker_stages.connector_created, "ranges", "worker")
     hook.apply()
     try:
         made = Factory.create_connector({}, ECConnectorRole.WORKER)

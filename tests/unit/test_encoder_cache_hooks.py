@@ -6,16 +6,16 @@ import pytest
 
 from mmscope.carry.ledger import Decision
 from mmscope.vllm import engine_state, targets
-from mmscope.vllm.patching import APPLIED
+from mmscope.vllm.patching import Status
 
 HOOKS = ("encoder_cache.local_hit", "encoder_cache.deferral", "encoder_cache.free")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def applied():
-    hooks = [h for h in targets.accounting_hooks() if h.name in HOOKS]
+    hooks = [targets.TABLE.by_name[name] for name in HOOKS]
     for hook in hooks:
-        assert hook.apply() == APPLIED, hook.describe()
+        assert hook.apply() is Status.APPLIED, hook.describe()
     yield
     for hook in hooks:
         hook.revert()

@@ -2,6 +2,8 @@
 tiny LLaVA (no engine): our series beside vLLM's, fed by the manager hook to every logger."""
 from __future__ import annotations
 
+import os
+
 import logging
 
 import pytest
@@ -12,7 +14,7 @@ from mmscope import stages
 from mmscope.carry.ledger import SOURCES, Decision, EncoderCacheLedger, Item
 from mmscope.emit.stage_timer import FRONTEND
 from mmscope.vllm import stat_loggers as sl
-from mmscope.vllm.patching import APPLIED
+from mmscope.vllm.patching import Status
 
 METRICS_HOOKS = ("prometheus.create", "stat_loggers.record", "log_line.format")
 
@@ -24,9 +26,11 @@ def vllm_config(tmp_path_factory):
 
     environment.install()
     model = tiny_model.build(str(tmp_path_factory.mktemp("tiny-llava")))
-    return EngineArgs(model=model, served_model_name="tiny", enforce_eager=True,
-                      max_model_len=512, max_num_seqs=4, max_num_batched_tokens=256,
-                      limit_mm_per_prompt={"image": 3}).create_engine_config()
+    with pytest.MonkeyPatch.context() as patch:  # vLLM inspects the model in a subprocess
+        patch.setenv("PYTHONPATH", environment.pythonpath(os.environ.get("PYTHONPATH")))
+        return EngineArgs(model=model, served_model_name="tiny", enforce_eager=True,
+                          max_model_len=512, max_num_seqs=4, max_num_batched_tokens=256,
+                          limit_mm_per_prompt={"image": 3}).create_engine_config()
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +43,7 @@ def metrics_hooks(vllm_config):
     plugin.register()
     instrumentor = get_instrumentor()
     status = instrumentor.instrument()
-    assert {h: status[h] for h in METRICS_HOOKS} == {h: APPLIED for h in METRICS_HOOKS}
+    assert {h: status[h] for h in METRICS_HOOKS} == {h: Status.APPLIED for h in METRICS_HOOKS}
     yield
     instrumentor.uninstrument()  # the other unit tests of this process apply their own
 
@@ -277,11 +281,11 @@ def test_the_ttft_split_is_applied_and_exposed_only_with_its_switch(vllm_config,
         series = samples("vllm:request_")
         parts = {k for k in series if k[0].startswith("vllm:request_ttft_part_seconds")}
         if switch:
-            assert {status[h] for h in TTFT_HOOKS} == {APPLIED}
+            assert {status[h] for h in TTFT_HOOKS} == {Status.APPLIED}
             assert parts and all(series[k] == 0 for k in parts)
             assert len(request_times.HISTOGRAMS) == 1
         else:
-            assert {status[h] for h in TTFT_HOOKS} == {"off (MMSCOPE_TTFT_PARTS=1 turns it on)"}
+            assert {status[h] for h in TTFT_HOOKS} == {"skipped: MMSCOPE_TTFT_PARTS=1 turns it on"}
             assert not parts and request_times.HISTOGRAMS == []
     finally:
         monkeypatch.delenv("MMSCOPE_TTFT_PARTS")

@@ -1,5 +1,6 @@
-"""Hook mechanics: checked before wrapping, applied once, reverted, and never able to break the
-wrapped code (our exceptions turn the hook off; the target's own pass through)."""
+"""Hook mechanics: checked before wrapping, arguments bound by the row's names, applied once,
+reverted, and never able to break the wrapped code (our exceptions turn the hook off, on record;
+the target's own pass through)."""
 from __future__ import annotations
 
 import json
@@ -10,8 +11,7 @@ import sys
 
 import pytest
 
-from mmscope.vllm.patching import (APPLIED, MISMATCH, MISSING, NOT_APPLIED, OFF, Hook, failed,
-                                   retire)
+from mmscope.vllm.patching import TURNED_OFF, Hook, Status, Table, When
 
 
 class Target:
@@ -36,26 +36,24 @@ ORIGINAL_WORK = Target.__dict__["work"]
 seen: list = []
 
 
-def recording(wrapped, instance, args, kwargs):
+def recording(hook, wrapped, instance, args, kwargs, *params):
     """A wrapper as the plugin's are written: vLLM's call, then our code behind the guard."""
     result = wrapped(*args, **kwargs)
-    seen.append((instance, args, kwargs, result))
+    seen.append((instance, args, kwargs, result, params))
     return result
 
 
-def exploding(name):
-    def wrapper(wrapped, instance, args, kwargs):
-        result = wrapped(*args, **kwargs)
-        try:
-            seen.append("ours ran")
-            raise RuntimeError("bug in mmscope")
-        except Exception as e:  # noqa: BLE001 - the plugin's one-line guard
-            failed(name, e)
-        return result
-    return wrapper
+def exploding(hook, wrapped, instance, args, kwargs):
+    result = wrapped(*args, **kwargs)
+    try:
+        seen.append("ours ran")
+        raise RuntimeError("bug in mmscope")
+    except Exception as e:  # noqa: BLE001 - the plugin's one-line guard
+        hook.failed(e)
+    return result
 
 
-def hook(attr="work", wrapper=recording, params=("self", "x"), name=None):
+def hook(attr="work", wrapper=recording, params=(), name=None):
     return Hook(name or f"test.{attr}", f"{__name__}:Target.{attr}", params, wrapper,
                 "test", "test")
 
@@ -69,29 +67,69 @@ def fresh():
 
 def test_apply_observe_revert():
     h = hook()
-    assert h.apply() == APPLIED
+    assert h.apply() is Status.APPLIED
     target = Target()
     assert target.work(2) == 3
-    assert seen == [(target, (2,), {}, 3)]
-    assert h.apply() == APPLIED  # applied once: still one wrapper
+    assert seen == [(target, (2,), {}, 3, ())]
+    assert h.apply() is Status.APPLIED  # applied once: still one wrapper
     target.work(1)
     assert len(seen) == 2
     h.revert()
-    assert Target.__dict__["work"] is ORIGINAL_WORK and h.describe() == NOT_APPLIED
+    assert Target.__dict__["work"] is ORIGINAL_WORK and h.describe() == "not applied"
     target.work(1)
     assert len(seen) == 2
 
 
+def test_the_wrapper_receives_the_rows_params_by_name_however_they_are_passed():
+    """Positional, by keyword, or left to the target's default: the wrapper sees the values
+    the target gets, in the row's order, never a position read by hand."""
+    h = hook(params=("y", "x"))
+    h.apply()
+    try:
+        target = Target()
+        assert target.work(2, 5) == 7 and target.work(2, y=6) == 8 and target.work(x=3) == 4
+        assert Target.work(target, 1, 2) == 3  # through the class: self is still not a param
+        assert [s[4] for s in seen] == [(5, 2), (6, 2), (1, 3), (2, 1)]
+    finally:
+        h.revert()
+
+
+def test_keyword_only_positional_only_and_var_keyword_params_bind_too():
+    class Shapes:
+        def kw(self, a, *, flag=False):
+            return flag
+
+        @classmethod
+        def pos(cls, algorithm, /, **items):
+            return sorted(items)
+
+    made = []
+    for attr, params in (("kw", ("flag",)), ("pos", ("algorithm", "items"))):
+        row = Hook(f"test.{attr}", f"{__name__}:Target.{attr}", params, recording, "test", "test")
+        setattr(Target, attr, Shapes.__dict__[attr])
+        assert row.apply() is Status.APPLIED, row.describe()
+        made.append(row)
+    try:
+        assert Target().kw(1) is False and Target().kw(1, flag=True) is True
+        assert Target.pos("sha256", image=1, video=2) == ["image", "video"]
+        assert [s[4] for s in seen] == [(False,), (True,), ("sha256", {"image": 1, "video": 2})]
+    finally:
+        for row in made:
+            row.revert()
+        del Target.kw, Target.pos
+
+
 def test_classmethod_and_staticmethod_keep_their_kind():
-    hc = hook("cls_work", params=("cls", "x"))
+    hc = hook("cls_work", params=("x",))
     hs = hook("static_work", params=("x",))
-    assert hc.apply() == APPLIED and hs.apply() == APPLIED
+    assert hc.apply() is Status.APPLIED and hs.apply() is Status.APPLIED
     try:
         assert Target.cls_work(2) == 4 and Target().cls_work(3) == 6
         assert Target.static_work(2) == 6 and Target().static_work(1) == 3
         # wrapt binds like the descriptor it wraps: the class for a classmethod, none for static
         assert [s[0] for s in seen] == [Target, Target, None, None]
         assert [s[3] for s in seen] == [4, 6, 6, 3]
+        assert [s[4] for s in seen] == [(2,), (3,), (2,), (1,)]
     finally:
         hc.revert(), hs.revert()
     assert isinstance(Target.__dict__["cls_work"], classmethod)
@@ -100,23 +138,23 @@ def test_classmethod_and_staticmethod_keep_their_kind():
 
 
 def test_missing_target_and_signature_mismatch_are_reported(caplog):
-    missing = hook("gone", params=("self",))
+    missing = hook("gone")
     with caplog.at_level(logging.WARNING, logger="vllm.mmscope"):
-        assert missing.apply() == MISSING
+        assert missing.apply() is Status.MISSING
     assert "mmscope: cannot hook test.gone" in caplog.text and "AttributeError" in missing.detail
-    no_module = Hook("test.no_module", "mmscope_no_such_module:X.y", ("self",), recording,
+    no_module = Hook("test.no_module", "mmscope_no_such_module:X.y", (), recording,
                      "test", "test")
-    assert no_module.check() == (False, no_module.detail) and no_module.status == MISSING
-    wrong = hook(params=("self", "request"))
-    assert wrong.apply() == MISMATCH
-    assert wrong.detail == "expected (self, request, ...), found (self, x, y)"
+    assert no_module.check() == (False, no_module.detail) and no_module.status is Status.MISSING
+    wrong = hook(params=("x", "request"))
+    assert wrong.apply() is Status.MISMATCH
+    assert wrong.detail == "expected parameters (x, request), found (self, x, y)"
     assert wrong.describe() == f"signature mismatch: {wrong.detail}"
     assert Target.__dict__["work"] is ORIGINAL_WORK  # nothing was wrapped
-    optional = hook(params=("self", "request"), name="test.optional")
+    optional = hook(params=("request",), name="test.optional")
     optional.required = False
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="vllm.mmscope"):
-        assert optional.apply() == MISMATCH
+        assert optional.apply() is Status.MISMATCH
     assert [r.levelno for r in caplog.records] == [logging.INFO]  # optional: not a warning
 
 
@@ -127,7 +165,7 @@ def test_arguments_and_results_pass_through_unchanged():
         target = Target()
         assert target.work(2, y=5) == 7 and target.work(x=1) == 2
         assert Target.work(target, 3) == 4  # called through the class, unbound
-        assert [(s[0], s[1], s[2], s[3]) for s in seen] == [
+        assert [s[:4] for s in seen] == [
             (target, (2,), {"y": 5}, 7), (target, (), {"x": 1}, 2), (target, (3,), {}, 4)]
         assert Target.work.__name__ == "work" and Target.work.__wrapped__ is ORIGINAL_WORK
         payload = {"items": [1, 2]}
@@ -144,14 +182,14 @@ def test_the_targets_own_exception_passes_through_untouched():
         with pytest.raises(ValueError, match="target's own error") as raised:
             Target().work(-1)
         assert type(raised.value) is ValueError and seen == []
-        assert h.status == APPLIED  # vLLM's error is not ours: the hook stays on
+        assert h.status is Status.APPLIED  # vLLM's error is not ours: the hook stays on
         assert Target().work(1) == 2 and len(seen) == 1
     finally:
         h.revert()
 
 
 def test_an_exception_of_ours_turns_the_hook_off_once_and_puts_the_original_back(caplog):
-    h = hook(wrapper=exploding("test.explode"), name="test.explode")
+    h = hook(wrapper=exploding, name="test.explode")
     h.apply()
     try:
         with caplog.at_level(logging.WARNING, logger="vllm.mmscope"):
@@ -163,20 +201,26 @@ def test_an_exception_of_ours_turns_the_hook_off_once_and_puts_the_original_back
                     if r.levelno == logging.WARNING and r.name == "vllm.mmscope"]
         assert warnings == ["mmscope: hook test.explode raised RuntimeError: bug in mmscope; "
                             "it is now off and vLLM continues without it"]
-        assert h.status == OFF and h.describe() == "off: after error: RuntimeError: bug in mmscope"
-        failed("test.explode", RuntimeError("again"))  # a second thread raising late: no-op
+        assert h.status is Status.OFF
+        assert h.describe() == "off: after error: RuntimeError: bug in mmscope"
+        h.failed(RuntimeError("again"))  # a second thread raising late: no-op
         assert len([r for r in caplog.records if r.name == "vllm.mmscope"]) == 1
+        # on record for where operators look: sent once, kept for good
+        assert TURNED_OFF.all["test.explode"] == "after error: RuntimeError: bug in mmscope"
+        assert TURNED_OFF.drain()["test.explode"] == TURNED_OFF.all["test.explode"]
+        assert "test.explode" not in TURNED_OFF.drain()
     finally:
         h.revert()
+        TURNED_OFF.all.pop("test.explode", None)
 
 
 def test_a_keyboard_interrupt_inside_is_not_swallowed():
-    def interrupting(wrapped, instance, args, kwargs):
+    def interrupting(hook, wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
         try:
             raise KeyboardInterrupt
         except Exception as e:  # noqa: BLE001 - the plugin's guard, which must not catch it
-            failed("test.interrupt", e)
+            hook.failed(e)
         return result
 
     h = hook(wrapper=interrupting, name="test.interrupt")
@@ -184,30 +228,51 @@ def test_a_keyboard_interrupt_inside_is_not_swallowed():
     try:
         with pytest.raises(KeyboardInterrupt):
             Target().work(1)
-        assert h.status == APPLIED  # not taken for a bug of ours
+        assert h.status is Status.APPLIED  # not taken for a bug of ours
     finally:
         h.revert()
 
 
 def test_a_hook_turned_off_can_be_applied_again():
-    h = hook(wrapper=exploding("test.again"), name="test.again")
+    h = hook(wrapper=exploding, name="test.again")
     h.apply()
     Target().work(1)
-    assert h.status == OFF
-    assert h.apply() == APPLIED and Target.__dict__["work"] is not ORIGINAL_WORK
+    assert h.status is Status.OFF
+    assert h.apply() is Status.APPLIED and Target.__dict__["work"] is not ORIGINAL_WORK
     h.revert()
+    TURNED_OFF.all.pop("test.again"), TURNED_OFF.drain()
 
 
 def test_a_retired_hook_puts_the_original_back_without_a_word(caplog):
     h = hook()
     h.apply()
     with caplog.at_level(logging.DEBUG, logger="vllm.mmscope"):
-        retire("test.work", "nothing to do here")
+        h.retire("nothing to do here")
     assert Target.__dict__["work"] is ORIGINAL_WORK
     assert h.describe() == "retired: nothing to do here"
     assert not [r for r in caplog.records if r.name == "vllm.mmscope"]
-    assert h.apply() == APPLIED and Target().work(1) == 2 and len(seen) == 1  # applied again
+    assert h.apply() is Status.APPLIED and Target().work(1) == 2 and len(seen) == 1
     h.revert()
+
+
+def test_the_table_leaves_out_rows_of_other_releases_skipped_ones_and_switched_off_features(
+        monkeypatch):
+    rows = [hook(name="test.always"), hook("echo", name="test.old"),
+            hook("cls_work", name="test.skipped"), hook("static_work", name="test.switched")]
+    rows[1].releases = "<0.34"
+    rows[3].feature = "switched"
+    table = Table(rows, switches={"switched": "MMSCOPE_TEST_SWITCH"})
+    monkeypatch.setenv("MMSCOPE_SKIP_HOOKS", "test.skipped")
+    monkeypatch.setenv("MMSCOPE_TEST_SWITCH", "off")
+    table.apply(When.START, "0.34.0")
+    try:
+        assert [r.describe() for r in rows] == [
+            "applied", "not in this release: vLLM 0.34.0", "skipped: MMSCOPE_SKIP_HOOKS",
+            "skipped: MMSCOPE_TEST_SWITCH=1 turns it on"]
+        assert all(r.table is table for r in rows) and table.by_name["test.old"] is rows[1]
+    finally:
+        table.revert()
+    assert [r.status for r in rows] == [Status.NOT_APPLIED] * 4
 
 
 def doctor(*args, **env):
@@ -245,9 +310,10 @@ def test_doctor_names_the_model_runner_and_which_hooks_apply_to_it(forced, runne
     label = "Model Runner " + runner.upper()
     assert f"model runner here: {label} (VLLM_USE_V2_MODEL_RUNNER={forced})" in text
     n, mine = len(data["hooks"]), sum(applies.values())
-    assert (f"{n} of {n} hook targets present in the installed vLLM; {mine} of the {mine} hooks "
-            f"that apply to {label} ok; {n - mine} are the other runner's, not used here") in text
-    assert f"ok: all {n} hook targets present" in text or "not checked" in text
+    assert (f"{n} of the {n} hook targets of this release present in the installed vLLM; {mine} "
+            f"of the {mine} hooks that apply to {label} ok; {n - mine} are the other runner's, "
+            "not used here") in text
+    assert f"ok: all {n} hook targets of this release present" in text or "not checked" in text
     assert text.count("present; not this runner") == n - mine
 
 
@@ -264,8 +330,27 @@ def test_doctor_without_the_switch_names_vllms_own_choice():
 def test_every_hook_and_vllm_scope_hook_checks_ok_in_process():
     from mmscope.vllm import targets
 
-    for h in targets.all_hooks() + targets.vllm_scope_hooks() + targets.otlp_request_hooks():
+    for h in targets.TABLE:
         assert h.check() == (True, ""), (h.name, h.detail)
+
+
+def test_every_wrapper_takes_exactly_its_rows_params():
+    """The row is the truth: each wrapper is called with (hook, wrapped, instance, args, kwargs)
+    and the row's params; one argument more or less does not fit (wrappers made to serve several
+    rows take the row's params as *params)."""
+    import inspect
+
+    from mmscope.vllm import targets
+
+    for h in targets.TABLE:
+        signature = inspect.signature(h.wrapper)
+        fixed = 5 + len(h.params)
+        signature.bind(*range(fixed))  # raises TypeError when the row's params do not fit
+        variadic = any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values())
+        if not variadic:
+            for wrong in (fixed - 1, fixed + 1):
+                with pytest.raises(TypeError):
+                    signature.bind(*range(wrong))
 
 
 class Unweakable:
@@ -290,8 +375,8 @@ def test_a_plugin_wrapper_that_raises_puts_vllms_method_back(caplog):
     from mmscope.vllm import targets
 
     original = StatLoggerManager.__dict__["record"]
-    hook = next(h for h in targets.metrics_hooks() if h.name == "stat_loggers.record")
-    assert hook.apply() == APPLIED
+    hook = targets.TABLE.by_name["stat_loggers.record"]
+    assert hook.apply() is Status.APPLIED
     try:
         manager = object.__new__(StatLoggerManager)
         manager.stat_loggers = [Unweakable()]
@@ -301,10 +386,12 @@ def test_a_plugin_wrapper_that_raises_puts_vllms_method_back(caplog):
             for _ in range(2):
                 manager.record(scheduler_stats=stats, iteration_stats=None, engine_idx=0)
         assert manager.stat_loggers[0].calls == 2  # vLLM's own work, both times
-        assert StatLoggerManager.__dict__["record"] is original and hook.status == OFF
+        assert StatLoggerManager.__dict__["record"] is original and hook.status is Status.OFF
         warnings = [r.getMessage() for r in caplog.records
                     if r.levelno == logging.WARNING and r.name == "vllm.mmscope"]
         assert len(warnings) == 1 and warnings[0].startswith(
             "mmscope: hook stat_loggers.record raised TypeError: ")
+        assert "stat_loggers.record" in TURNED_OFF.all
     finally:
         hook.revert()
+        TURNED_OFF.all.pop(hook.name, None), TURNED_OFF.drain()

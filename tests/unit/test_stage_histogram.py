@@ -103,9 +103,8 @@ ORIGINAL_EXECUTE = FakeRunner.__dict__["execute_model"]
 
 @pytest.fixture
 def sending_hook():
-    hook = Hook("stage_metrics.test", f"{__name__}:FakeRunner.execute_model",
-                ("self", "scheduler_output"), runner_output.carried("stage_metrics.test"),
-                "metrics", "worker")
+    hook = Hook("stage_metrics.test", f"{__name__}:FakeRunner.execute_model", (),
+                runner_output.carried, "metrics", "worker")
     saved = WORKER.collected_in_process
     WORKER.drain()
     assert hook.apply() == "applied"
@@ -138,7 +137,7 @@ def test_an_async_output_carries_them_once_it_is_a_model_runner_output(sending_h
     import wrapt
 
     WORKER.collected_in_process = False
-    wrapper = runner_output.carried("stage_metrics.test")
+    wrapper = functools.partial(runner_output.carried, sending_hook)
     WORKER.record("gpu_model_runner: vit_forward", 4_000)
     pending = wrapt.FunctionWrapper(FakeRunner().sample_tokens, wrapper)(None)
     assert vars(pending).keys() == {"output"} and WORKER.pending

@@ -13,7 +13,7 @@ from mmscope import stages
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import FRONTEND, MAX_PER_STAGE, WORKER
 from mmscope.vllm import patching, targets, worker_stages
-from mmscope.vllm.patching import APPLIED, Hook
+from mmscope.vllm.patching import Hook, Status
 from tests.kit import traces as tk
 
 
@@ -28,8 +28,8 @@ def clean_collectors():
 @contextlib.contextmanager
 def applied(name: str):
     """One row of the real target table, applied to vLLM's class for the block."""
-    hook = next(h for h in targets.range_hooks() if h.name == name)
-    assert hook.apply() == APPLIED, hook.describe()
+    hook = targets.TABLE.by_name[name]
+    assert hook.apply() is Status.APPLIED, hook.describe()
     try:
         yield hook
     finally:
@@ -184,7 +184,8 @@ def bare_encoder_runner():
 
     encoder = object.__new__(EncoderRunner)
     encoder.enable_timing, encoder.model = False, TinyEncoder()
-    patching.wrap_instance(encoder.model, "embed_multimodal", worker_stages.encoder_batch)
+    patching.wrap_instance(encoder.model, "embed_multimodal", worker_stages.encoder_batch,
+                           targets.TABLE.by_name["ranges.embed_input_ids.v2"])
     return encoder
 
 
@@ -213,24 +214,25 @@ def test_v2_encoder_batches_are_vit_forward_only_inside_a_steps_encoder_operatio
     ("ranges.gather_mm_embeddings.v2", {"draft_lookahead": 1})])
 def test_the_drafters_gather_is_not_the_stage(tmp_path, hook_name, drafter_call):
     """Speculative decoding's drafter gathers one token ahead: not the step's stage."""
-    hook = next(h for h in targets.range_hooks() if h.name == hook_name)
+    hook = targets.TABLE.by_name[hook_name]
+    (param, lookahead), = drafter_call.items()
+    assert hook.params == (param,)  # the wrapper receives the drafter's parameter by its name
     seen = []
 
     def gather(*args, **kwargs):
         seen.append(kwargs)
         return ["embedding"], "mask"
-    wrapper = hook.wrapper
     tracing.configure("chrome", str(tmp_path))
-    assert wrapper(gather, None, (), drafter_call) == (["embedding"], "mask")
+    assert hook.wrapper(hook, gather, None, (), drafter_call, lookahead) == (["embedding"], "mask")
     assert not WORKER.pending
-    wrapper(gather, None, (), {})
+    hook.wrapper(hook, gather, None, (), {}, 0)
     assert counts(WORKER) == {stages.GATHER_MM_EMBEDDINGS: 1} and len(seen) == 2
     assert traced_names(tmp_path) == [stages.GATHER_MM_EMBEDDINGS]
 
 
 # --- timed methods -----------------------------------------------------------------------------
 class Runner:
-    def _gather_mm_embeddings(self, scheduler_output, scale=1):
+    def _gather_mm_embeddings(self, scheduler_output, shift_computed_tokens=0, scale=1):
         """(mm_embeds, is_mm_embed) as vLLM returns them; a decode step gathers none."""
         if scheduler_output < 0:
             raise ValueError("vLLM's own error")
@@ -239,7 +241,7 @@ class Runner:
 
 def timed_hook() -> Hook:
     return Hook("test.gather", f"{__name__}:Runner._gather_mm_embeddings",
-                ("self", "scheduler_output"), worker_stages.gather_mm_embeddings, "ranges", "worker")
+                ("shift_computed_tokens",), worker_stages.gather_mm_embeddings, "ranges", "worker")
 
 
 @pytest.mark.parametrize("tracing_on", [False, True])
@@ -284,9 +286,10 @@ def test_preparing_the_inputs_gives_a_sample_only_in_a_step_that_gathered_embedd
     """vLLM's _preprocess gathers, then prepares the inputs, every step: a decode step's prepare
     is no multimodal work, so only a step whose gather found embeddings gives its sample."""
     hooks = [Hook("test.gather", f"{__name__}:Preprocessing._gather_mm_embeddings",
-                  ("self", "scheduler_output"), worker_stages.gather_mm_embeddings, "ranges", "worker"),
-             Hook("test.prepare", f"{__name__}:Preprocessing._prepare_mm_inputs",
-                  ("self", "num_tokens"), worker_stages.prepare_mm_inputs, "ranges", "worker")]
+                  ("shift_computed_tokens",), worker_stages.gather_mm_embeddings, "ranges",
+                  "worker"),
+             Hook("test.prepare", f"{__name__}:Preprocessing._prepare_mm_inputs", (),
+                  worker_stages.prepare_mm_inputs, "ranges", "worker")]
     for hook in hooks:
         hook.apply()
     try:
@@ -336,8 +339,10 @@ def test_instance_methods_are_unwrapped_and_wrapped_again_by_uninstrument_and_in
 
     model = Model()
     timed_embed = worker_stages.timed(stages.EMBED_INPUT_IDS)
-    patching.wrap_instance(model, "embed_input_ids", timed_embed)
-    patching.wrap_instance(model, "embed_input_ids", timed_embed)  # once only
+    hook = Hook("test.model", f"{__name__}:Model.embed_input_ids", (), timed_embed, "ranges",
+                "worker")
+    patching.wrap_instance(model, "embed_input_ids", timed_embed, hook)
+    patching.wrap_instance(model, "embed_input_ids", timed_embed, hook)  # once only
     assert model.embed_input_ids([1, 2]) == [2, 4]
     assert counts(WORKER) == {stages.EMBED_INPUT_IDS: 1}
     instrumentor = VllmInstrumentor()
@@ -360,8 +365,9 @@ class LoadingRunner:
 
 
 def test_the_model_loaded_hook_wraps_the_models_embed_input_ids():
-    hook = Hook("test.load_model", f"{__name__}:LoadingRunner.load_model", ("self",),
-                worker_stages.model_loaded("test.load_model"), "ranges", "worker")
+    hook = Hook("test.load_model", f"{__name__}:LoadingRunner.load_model", (),
+                worker_stages.model_loaded, "ranges", "worker")
+    patching.Table([hook], switches={})  # the worker names its runner from the hook's table
     hook.apply()
     try:
         runner = LoadingRunner()
@@ -381,7 +387,8 @@ def test_a_failing_record_turns_the_stage_hook_off_and_vllm_goes_on(caplog):
     """Our bug inside a stage timer (here: a collector whose bucket is no list) costs the stage
     its hook, after one warning; vLLM's result, and vLLM's own error, stay vLLM's."""
     hook = Hook("ranges.gather_mm_embeddings", f"{__name__}:Runner._gather_mm_embeddings",
-                ("self", "scheduler_output"), worker_stages.gather_mm_embeddings, "ranges", "worker")
+                ("shift_computed_tokens",), worker_stages.gather_mm_embeddings, "ranges",
+                "worker")
     original = Runner.__dict__["_gather_mm_embeddings"]
     hook.apply()
     WORKER.durations[stages.GATHER_MM_EMBEDDINGS] = "not a list"  # our bug, not vLLM's
@@ -423,7 +430,7 @@ def test_the_worker_side_ec_connector_gets_its_load_and_save_ranges(producer, co
     from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
 
     hook = Hook("test.ec_connector", f"{__name__}:ConnectorFactory.create_connector",
-                ("cls", "config", "role"), worker_stages.connector_created, "ranges", "worker")
+                ("role",), worker_stages.connector_created, "ranges", "worker")
     hook.apply()
     try:
         scheduler_side = ConnectorFactory.create_connector((True, True), ECConnectorRole.SCHEDULER)

@@ -178,7 +178,7 @@ class ModelRunner:  # GPUModelRunner._prepare_inputs' signature
 
 def test_the_step_shape_hook_logs_on_mmscopes_logger_and_keeps_the_result(caplog):
     hook = Hook("test.step_shape", f"{__name__}:ModelRunner._prepare_inputs",
-                ("self", "scheduler_output", "num_scheduled_tokens"), step_telemetry.inputs_prepared,
+                ("num_scheduled_tokens",), step_telemetry.inputs_prepared,
                 "telemetry", "worker")
     model_runner = ModelRunner([(0, 6), (9, 9)])
     hook.apply()

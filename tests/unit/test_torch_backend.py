@@ -109,7 +109,7 @@ def test_vllms_own_scopes_go_through_the_torch_backend_once(tmp_path, torch_trac
 
     from mmscope.vllm import targets
 
-    hook = next(h for h in targets.vllm_scope_hooks() if h.name == "ranges.vllm_scopes.runner")
+    hook = targets.TABLE.by_name["ranges.vllm_scopes.runner"]
     assert hook.apply() == "applied"
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -1,10 +1,15 @@
-"""The vLLM releases mmscope vouches for: the 0.33.0 wheel's sources read with ast, never installed
-nor imported, and the installed 0.32 sources read the same way, where the check is made to fail.
+"""The vLLM releases mmscope vouches for: the 0.33.0 and 0.34.0 wheels' sources read with ast, never
+installed nor imported, and the installed 0.32 sources read the same way, where the check is made to
+fail; and whether the table covers the newest release on the package index.
 
-The wheel (about 340 MB) is downloaded once into the cache named by release_check.wheel_cache().
+The wheels (about 240-340 MB each) are downloaded once into the cache named by
+release_check.wheel_cache().
 """
 import copy
 import json
+import re
+import subprocess
+import sys
 from typing import NamedTuple
 
 import pytest
@@ -19,11 +24,17 @@ class Target(NamedTuple):
     name: str
     path: str
     params: tuple
+    releases: str = ""
 
 
 @pytest.fixture(scope="module")
 def wheel_033():
     return rc.Sources.from_wheel(rc.fetch_wheel("0.33.0"))
+
+
+@pytest.fixture(scope="module")
+def wheel_034():
+    return rc.Sources.from_wheel(rc.fetch_wheel("0.34.0"))
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +50,34 @@ def test_every_hook_target_is_in_vllm_033s_sources(wheel_033):
     assert len(result.verdicts) >= 20
 
 
+def test_every_hook_target_of_vllm_034_is_in_its_sources_and_v1s_are_not_in_it(wheel_034):
+    """0.34 removed Model Runner V1: its rows are "not in this release", never failures; every
+    other row's target is there with the parameters its wrapper receives."""
+    result = rc.check_release(wheel_034)
+    assert result.version == "0.34.0"
+    assert result.ok, result.summary()
+    absent = {v.name for v in result.verdicts if not v.in_release}
+    assert absent == {h.name for h in rc.hooks() if h.runner == "v1"} and len(absent) >= 9
+    assert (f"all {len(result.verdicts) - len(absent)} hook targets of this release present"
+            in result.summary()) and f"{len(absent)} rows are not in this release" in result.summary()
+
+
+def test_the_table_covers_the_newest_vllm_release_on_the_package_index():
+    """Says which vLLM is newest where pip installs from, and fails when the table neither tests
+    nor checks it: a new release is the next thing to support."""
+    found = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "vllm",
+                            "--disable-pip-version-check"], capture_output=True, text=True,
+                           timeout=120)
+    match = re.search(r"^vllm \(([^)]+)\)", found.stdout, re.M)
+    if found.returncode != 0 or match is None:
+        pytest.skip(f"the package index cannot be reached: {(found.stderr or found.stdout)[-200:]}")
+    newest = match[1]
+    print(f"newest vLLM on the package index: {newest}; table: {rc.standing(newest)}")
+    assert rc.standing(newest) != "untested", (
+        f"vLLM {newest} is out and mmscope neither tests nor checks it: add it to "
+        "release_check.TESTED / SOURCE_CHECKED after checking its sources (docs/vllm-0.34.md)")
+
+
 def test_every_hook_target_is_in_the_installed_032_sources(installed):
     result = rc.check_release(installed)
     assert result.version.startswith("0.32")
@@ -46,13 +85,13 @@ def test_every_hook_target_is_in_the_installed_032_sources(installed):
 
 
 @pytest.mark.parametrize("path, params, says", [
-    (f"{SCHED}:Scheduler._no_such_method", ("self",), "Scheduler and its bases"),
-    (f"{SCHED}:NoSuchScheduler.schedule", ("self",), "NoSuchScheduler is not defined"),
-    ("vllm.v1.core.sched.no_such_module:Scheduler.schedule", ("self",), "module"),
-    (f"{SCHED}:Scheduler._allocate_encoder_inputs", ("self", "request", "input_id"),
-     "expected (self, request, input_id, ...), found (self, request, input_ids,"),
-    ("vllm.v1.request:Request.num_tokens", ("self",), "is a property"),
-    (f"{SCHED}:Scheduler.requests", ("self",), "define no requests"),  # set in __init__
+    (f"{SCHED}:Scheduler._no_such_method", (), "Scheduler and its bases"),
+    (f"{SCHED}:NoSuchScheduler.schedule", (), "NoSuchScheduler is not defined"),
+    ("vllm.v1.core.sched.no_such_module:Scheduler.schedule", (), "module"),
+    (f"{SCHED}:Scheduler._allocate_encoder_inputs", ("request", "input_id"),
+     "expected parameters (request, input_id), found (self, request, input_ids,"),
+    ("vllm.v1.request:Request.num_tokens", (), "is a property"),
+    (f"{SCHED}:Scheduler.requests", (), "define no requests"),  # set in __init__
 ])
 def test_a_moved_target_is_reported_with_the_hooks_name(installed, path, params, says):
     verdict = rc.check_hook(installed, Target("deliberately.wrong", path, params))
@@ -63,7 +102,7 @@ def test_a_moved_target_is_reported_with_the_hooks_name(installed, path, params,
 
 def test_one_moved_target_fails_the_release_by_name(wheel_033):
     wrong = Target("deliberately.wrong", f"{SCHED}:Scheduler._try_schedule_encoder_input",
-                   ("self", "request"))
+                   ("request",))
     result = rc.check_release(wheel_033, rc.hooks() + [wrong])
     assert not result.ok
     assert [v.name for v in result.failed] == ["deliberately.wrong"]
@@ -74,17 +113,17 @@ def test_targets_are_found_through_bases_decorators_and_imports(installed):
     runner = "vllm.v1.worker.cpu_model_runner:CPUModelRunner"
     found = {t.name: rc.check_hook(installed, t) for t in [
         # inherited from GPUModelRunner, in another module
-        Target("inherited", f"{runner}.execute_model", ("self", "scheduler_output")),
+        Target("inherited", f"{runner}.execute_model", ("scheduler_output",)),
         # a staticmethod of a mixin base, two levels up
         Target("static", f"{runner}.maybe_save_ec_to_connector", ("encoder_cache", "mm_hash")),
         Target("classmethod", "vllm.multimodal.hasher:MultiModalHasher.hash_kwargs",
-               ("cls", "algorithm")),
+               ("algorithm", "kwargs")),
         # a module-level name the scheduler imports from vllm.v1.utils
         Target("imported", f"{SCHED}:record_function_or_nullcontext", ("name",)),
     ]}
     assert {n: v.ok for n, v in found.items()} == dict.fromkeys(found, True), found
     gpu = rc.check_hook(installed, Target(
-        "gpu", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model", ("self",)))
+        "gpu", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model", ()))
     assert found["inherited"].line == gpu.line
 
 
@@ -99,12 +138,16 @@ def test_the_source_check_agrees_with_the_imported_vllm(installed):
     assert not rc.check_hook(installed, moved).ok and not rc.check_hook(installed, renamed).ok
 
 
-def test_doctor_says_which_releases_are_tested_and_which_checked(wheel_033, capsys):
+def test_doctor_says_which_releases_are_tested_and_which_checked(wheel_033, wheel_034, capsys,
+                                                                 monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one line per table row
     report = doctor.report()
-    releases = {r["version"]: r for r in report["releases"]}
-    assert releases["0.32.0"]["how"] == "tested"
-    assert releases["0.33.0"]["how"] == "checked against its sources"
-    assert releases["0.33.0"]["status"] == "ok" and releases["0.33.0"]["failed"] == []
+    releases = {(r["version"], r["how"]): r for r in report["releases"]}
+    assert releases["0.32.0", "tested"]["runners"] == ["Model Runner V1", "Model Runner V2"]
+    assert releases["0.34.0", "tested"]["runners"] == ["Model Runner V2"]
+    for version in ("0.33.0", "0.34.0"):
+        checked = releases[version, "checked against its sources"]
+        assert checked["status"] == "ok" and checked["failed"] == []
     assert report["standing"] == "tested"  # the installed 0.32.0
     json.dumps(report)
 

@@ -124,6 +124,10 @@ def torchvision_status() -> str:
     """One paragraph for `mmscope doctor`."""
     if torchvision_loads():
         return "torchvision loads: vLLM's LLaVA and Qwen-VL model files import as they are."
+    if STARTUP_DIR in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        return ("torchvision does not load; mmscope's torchvision-free stand-ins are on "
+                "PYTHONPATH, so vLLM's LLaVA and Qwen-VL model files import in the processes "
+                "started from here.")
     needed = "; ".join(f"{m} for {_NEEDED_BY[m]}" for m in _PIL_TWINS)
     return ("torchvision does not load: vLLM's LLaVA and Qwen2-VL/Qwen2.5-VL model files fail to "
             f"import without PIL twins of {needed}, and Qwen-VL needs a video processor without "

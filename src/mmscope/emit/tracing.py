@@ -9,6 +9,7 @@ import os
 from typing import Callable
 
 from mmscope.emit.backends import Backend, Decorates, make_backend
+from mmscope.flags import flag
 from mmscope.log import logger
 
 BACKEND_NAMES = ("nvtx", "chrome", "torch")
@@ -61,13 +62,13 @@ span: Callable[[str], object] = _NoSpan
 
 
 def spanned(name: str, call):
-    """A wrapt wrapper running `call(wrapped, args, kwargs)` inside span `name` while tracing is
-    on, and straight otherwise (no span object at all on that road)."""
-    def wrapper(wrapped, instance, args, kwargs):
+    """`call`, run inside span `name` while tracing is on and straight otherwise (no span object
+    at all on that road): a hook's wrapper that is also a range."""
+    def wrapper(*args):
         if on:
             with span(name):
-                return call(wrapped, args, kwargs)
-        return call(wrapped, args, kwargs)
+                return call(*args)
+        return call(*args)
     return wrapper
 
 
@@ -92,18 +93,14 @@ def parse_spec(spec: str | None, vllm_nvtx: bool = False, vllm_torch: bool = Fal
     return tuple(dict.fromkeys(names))
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "0") not in ("", "0")
-
-
 def configure(spec: str | None = None, trace_dir: str | None = None) -> tuple[str, ...]:
     """(Re)select the backends; with no arguments, read them from the environment."""
     if spec is None:
         spec = os.environ.get("MMSCOPE_TRACE", "")
     trace_dir = trace_dir or os.environ.get("MMSCOPE_TRACE_DIR", "mmscope-traces")
     try:
-        names = parse_spec(spec, _flag("VLLM_NVTX_SCOPES_FOR_PROFILING"),
-                           _flag("VLLM_CUSTOM_SCOPES_FOR_PROFILING"))
+        names = parse_spec(spec, flag("VLLM_NVTX_SCOPES_FOR_PROFILING"),
+                           flag("VLLM_CUSTOM_SCOPES_FOR_PROFILING"))
     except ValueError as e:
         logger.warning("mmscope: %s; tracing stays off", e)
         names = ()

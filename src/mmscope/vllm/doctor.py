@@ -29,26 +29,28 @@ def report() -> dict:
     from mmscope.errors import UserError
 
     try:
-        from mmscope.vllm import runners
-        from mmscope.vllm.instrumentor import VllmInstrumentor
-        instrumentor = VllmInstrumentor()
+        from mmscope.vllm import instrumentor, runners, targets
+        from mmscope.vllm.patching import Status, When, in_release
         version = instrumentor.vllm_version()
-        runner, why = runners.expected()
+        runner, why = runners.expected(version)
     except ImportError as e:
         raise UserError(f"vLLM is not importable here ({e}); install mmscope[vllm]") from None
-    tracing_only = {h.name for h in instrumentor.scope_hooks}
-    otlp_only = {h.name for h in instrumentor.request_span_hooks}
     hooks = []
-    for hook in instrumentor.all_hooks():
-        ok, detail = hook.check()
+    for hook in targets.TABLE:
+        if in_release(hook, version):
+            ok, detail = hook.check()
+            status = "ok" if ok else hook.status
+        else:
+            status, detail = Status.NOT_IN_RELEASE, f"vLLM {version}; {hook.releases}"
         hooks.append({"name": hook.name, "target": hook.path, "feature": hook.feature,
                       "process": hook.process, "required": hook.required,
-                      "runner": hook.runner, "applies": runners.applies(hook, runner),
-                      "while_tracing": hook.name in tracing_only,
-                      "with_otlp": hook.name in otlp_only,
-                      "status": "ok" if ok else hook.status, "detail": detail})
-    return {"vllm_version": version, "supported": instrumentor.supported,
-            "version_supported": instrumentor.version_supported(),
+                      "runner": hook.runner, "releases": hook.releases,
+                      "applies": runners.applies(hook, runner),
+                      "while_tracing": hook.when is When.TRACING,
+                      "with_otlp": hook.when is When.OTLP,
+                      "status": str(status), "detail": detail})
+    return {"vllm_version": version, "supported": targets.SUPPORTED_VLLM,
+            "version_supported": instrumentor.version_supported(version),
             "standing": release_check.standing(version),
             "entry_point": _entry_point_registered(),
             "runner": {"expected": runner, "why": why}, "hooks": hooks,
@@ -56,7 +58,12 @@ def report() -> dict:
             "torchvision": environment.torchvision_status()}
 
 
+NOT_IN_RELEASE = "not in this release"
+
+
 def _status(h: dict) -> str:
+    if h["status"] == NOT_IN_RELEASE:
+        return f"[dim]{NOT_IN_RELEASE}[/dim] ({h['releases']})"
     if h["status"] != "ok":
         return f"[red]{h['status']}[/red] {h['detail']}"
     if not h["applies"]:
@@ -69,7 +76,8 @@ def run(args) -> int:
     from mmscope.vllm.runners import LABEL
 
     data = report()
-    failed = [h for h in data["hooks"] if h["required"] and h["status"] != "ok"]
+    failed = [h for h in data["hooks"]
+              if h["required"] and h["status"] not in ("ok", NOT_IN_RELEASE)]
     if args.json:
         import json
         print(json.dumps(data, indent=2))
@@ -104,19 +112,24 @@ def run(args) -> int:
 
 def _summary(hooks: list[dict], runner_label: str) -> str:
     """One line that counts the same hooks as the releases' check."""
-    present = sum(h["status"] == "ok" for h in hooks)
-    applying = [h for h in hooks if h["applies"]]
+    release = [h for h in hooks if h["status"] != NOT_IN_RELEASE]
+    present = sum(h["status"] == "ok" for h in release)
+    applying = [h for h in release if h["applies"]]
     ok = sum(h["status"] == "ok" for h in applying)
-    others = len(hooks) - len(applying)
-    return (f"{present} of {len(hooks)} hook targets present in the installed vLLM; "
-            f"{ok} of the {len(applying)} hooks that apply to {runner_label} ok; "
-            f"{others} are the other runner's, not used here")
+    line = (f"{present} of the {len(release)} hook targets of this release present in the "
+            f"installed vLLM; {ok} of the {len(applying)} hooks that apply to {runner_label} ok")
+    others = len(release) - len(applying)
+    if others:
+        line += f"; {others} are the other runner's, not used here"
+    if len(hooks) > len(release):
+        line += f"; {len(hooks) - len(release)} rows are for other releases"
+    return line
 
 
 def _releases_table(releases: list[dict]):
     from rich.table import Table
 
-    table = Table("vLLM release", "how", "result", title="releases")
+    table = Table("vLLM release", "runners", "how", "result", title="releases")
     for column in table.columns:
         column.overflow = "fold"  # the fetch command is copied from here
     colour = {"ok": "green", "failed": "red", "not checked": "yellow"}
@@ -124,5 +137,5 @@ def _releases_table(releases: list[dict]):
         status = r.get("status")
         result = r["detail"] if status is None else (
             f"[{colour[status]}]{status}[/{colour[status]}]: {r['detail']}")
-        table.add_row(r["version"], r["how"], result)
+        table.add_row(r["version"], ", ".join(r["runners"]), r["how"], result)
     return table

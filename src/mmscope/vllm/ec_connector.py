@@ -10,9 +10,10 @@ from mmscope import stages
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import ENABLED, WORKER
 from mmscope.expose.metrics import DIRECTIONS
-from mmscope.vllm.patching import failed
 
-HOOK = "ranges.ec_connector"
+# The parameters of the connector's methods the wrappers receive, bound by name.
+LOAD_PARAMS = ("encoder_cache",)
+SAVE_PARAMS = ("encoder_cache", "mm_hash")
 
 
 class TransferCounts:
@@ -43,20 +44,16 @@ class TransferCounts:
 TRANSFERS = TransferCounts()
 
 
-def _cache_arg(args, kwargs) -> dict:
-    return kwargs["encoder_cache"] if "encoder_cache" in kwargs else args[0]
-
-
 def _transfer(stage: str, direction: str, call):
-    """A wrapper that runs `call(wrapped, args, kwargs) -> (result, items, bytes)` as one timed
+    """A wrapper that runs `call(wrapped, args, kwargs, *params) -> (result, moved)` as one timed
     stage (a span too while tracing) and counts what it moved; a call that moved nothing is a
     stage sample only, so that seconds per item is the cost of a transfer. The stage sample is
     read from the worker's clock (device time on an accelerator); a transfer's seconds are the
     call's host wall time, which holds the connector's file or network I/O."""
-    def _timed(wrapped, args, kwargs):
+    def _timed(hook, wrapped, instance, args, kwargs, *params):
         started = WORKER.clock.start() if ENABLED else None
         t0 = time.perf_counter_ns()
-        result, moved = call(wrapped, args, kwargs)
+        result, moved = call(hook, wrapped, args, kwargs, *params)
         elapsed = time.perf_counter_ns() - t0
         try:
             if ENABLED:
@@ -65,37 +62,32 @@ def _transfer(stage: str, direction: str, call):
             if items:
                 TRANSFERS.add(direction, items, nbytes, elapsed)
         except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
-            failed(HOOK, e)
+            hook.failed(e)
         return result
     return tracing.spanned(stage, _timed)
 
 
-def _load(wrapped, args, kwargs):
+def _load(hook, wrapped, args, kwargs, encoder_cache):
     """start_load_caches(encoder_cache) adds the loaded mm_hashes to the dict, which keeps
     insertion order: the new entries are its last ones."""
     try:
-        cache = _cache_arg(args, kwargs)
-        before = len(cache)
+        before = len(encoder_cache)
     except Exception as e:  # noqa: BLE001
-        failed(HOOK, e)
+        hook.failed(e)
         return wrapped(*args, **kwargs), lambda: (0, 0)
     result = wrapped(*args, **kwargs)
 
     def moved():
-        added = len(cache) - before
-        tensors = list(itertools.islice(reversed(cache.values()), max(added, 0)))
+        added = len(encoder_cache) - before
+        tensors = list(itertools.islice(reversed(encoder_cache.values()), max(added, 0)))
         return len(tensors), sum(t.nbytes for t in tensors)
     return result, moved
 
 
-def _save(wrapped, args, kwargs):
+def _save(hook, wrapped, args, kwargs, encoder_cache, mm_hash):
     """save_caches(encoder_cache, mm_hash): one item, the tensor under mm_hash."""
     result = wrapped(*args, **kwargs)
-
-    def moved():
-        mm_hash = kwargs["mm_hash"] if "mm_hash" in kwargs else args[1]
-        return 1, _cache_arg(args, kwargs)[mm_hash].nbytes
-    return result, moved
+    return result, lambda: (1, encoder_cache[mm_hash].nbytes)
 
 
 load_wrapper = _transfer(stages.EC_LOAD, DIRECTIONS[0], _load)

@@ -1,5 +1,6 @@
-"""EngineCore: the ledger's counts, the worker's stage durations, the EC transfers and the requests'
-TTFT shares handed to the step's SchedulerStats, which vLLM carries to the API server."""
+"""EngineCore: the ledger's counts, the worker's stage durations, the EC transfers, the requests'
+TTFT shares and the hooks turned off handed to the step's SchedulerStats, which vLLM carries to
+the API server."""
 from __future__ import annotations
 
 import time
@@ -8,29 +9,28 @@ from mmscope.emit.stage_timer import WORKER, merge
 from mmscope.vllm import runner_output, step_shares
 from mmscope.vllm.ec_connector import TRANSFERS
 from mmscope.vllm.engine_state import EngineState, existing, state_of
-from mmscope.vllm.patching import failed
+from mmscope.vllm.patching import TURNED_OFF
 
 # While the engine is busy, the counts and the worker's stage durations travel at most this often
 # (Prometheus scrapes every 5-60 s, vLLM's log line comes every 10 s); when it runs dry, at once.
 SEND_EVERY_S = 1.0
 
 
-def stats_attached(wrapped, scheduler, args, kwargs):
+def stats_attached(hook, wrapped, scheduler, args, kwargs, scheduler_output, model_runner_output):
     """Scheduler.update_from_output: hand what is due to the one EngineCoreOutputs that carries
     this step's SchedulerStats; without one it waits. At most every SEND_EVERY_S while busy, at
     once when the scheduler runs dry; a worker process' durations are kept whenever they come.
     The step's encoder and EC-load time is shared out first: vLLM's update frees the requests
     that finish in this step."""
-    runner_out = args[1] if len(args) > 1 else kwargs.get("model_runner_output")
-    sent = runner_output.received(runner_out)
+    sent = runner_output.received(model_runner_output)
     state = existing(scheduler.encoder_cache_manager)
     try:
-        step_shares.share_step(scheduler, state, args[0] if args else kwargs["scheduler_output"],
-                               sent)
+        step_shares.share_step(scheduler, state, scheduler_output, sent)
     except Exception as e:  # noqa: BLE001
-        failed("scheduler.emit_stats", e)
+        hook.failed(e)
     outputs = wrapped(*args, **kwargs)
-    if state is None and not sent and not WORKER.pending and not TRANSFERS.pending:
+    if (state is None and not sent and not WORKER.pending and not TRANSFERS.pending
+            and not TURNED_OFF.unsent):
         return outputs  # nothing multimodal happened in this engine yet
     try:
         if state is None:
@@ -51,7 +51,7 @@ def stats_attached(wrapped, scheduler, args, kwargs):
             if stats is not None:
                 stats.mm_request_shares = state.shares.drain()
     except Exception as e:  # noqa: BLE001
-        failed("scheduler.emit_stats", e)
+        hook.failed(e)
     return outputs
 
 
@@ -67,7 +67,7 @@ def _attach(state: EngineState, outputs, now: float) -> None:
     ledger = state.ledger
     news = ledger.has_news
     durations = WORKER.pending or state.worker_durations
-    if not (news or durations or state.shares.done or TRANSFERS.pending):
+    if not (news or durations or state.shares.done or TRANSFERS.pending or TURNED_OFF.unsent):
         return
     stats = _step_stats(outputs)
     if stats is None:
@@ -81,4 +81,6 @@ def _attach(state: EngineState, outputs, now: float) -> None:
         stats.mm_request_shares = state.shares.drain()
     if TRANSFERS.pending:
         stats.mm_ec_transfers = TRANSFERS.drain()
+    if TURNED_OFF.unsent:
+        stats.mm_hooks_off = TURNED_OFF.drain()
     state.sent = now

@@ -12,7 +12,6 @@ import time
 from mmscope import stages
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import ENABLED, FRONTEND, UNCOUNTED, timed_stage
-from mmscope.vllm.patching import failed
 
 # hash_kwargs' keyword arguments that are not the item itself
 NOT_ITEMS = frozenset({"model_id", "media_io_kwargs", "mm_processor_kwargs", "mm_hash"})
@@ -55,8 +54,8 @@ def hash_branch(obj) -> str:
     return "pickle"
 
 
-def _hash_range(kwargs: dict) -> str:
-    items = [v for k, v in kwargs.items() if k not in NOT_ITEMS]
+def _hash_range(items_kwargs: dict) -> str:
+    items = [v for k, v in items_kwargs.items() if k not in NOT_ITEMS]
     return stages.hash_range(hash_branch(items[0]) if len(items) == 1 else "mixed")
 
 
@@ -64,7 +63,7 @@ def _hash_range(kwargs: dict) -> str:
 _warm_up = threading.local()
 
 
-def dummy_inputs_made(wrapped, processor, args, kwargs):
+def dummy_inputs_made(hook, wrapped, processor, args, kwargs):
     """BaseMultiModalProcessor.get_dummy_mm_inputs is where every warm-up and profile run of
     vLLM gets its multimodal inputs (the API server's renderer warm-up, the encoder budget,
     EngineCore's profile run): the hashing and processor stages inside it are timed for no
@@ -81,13 +80,14 @@ def _collector():
     return UNCOUNTED if getattr(_warm_up, "on", False) else FRONTEND
 
 
-def item_hashed(wrapped, cls, args, kwargs):
-    """MultiModalHasher.hash_kwargs consumes serialize_item's lazy byte generator before it
-    returns, so a range around the call covers the serialization, not only the call."""
+def item_hashed(hook, wrapped, cls, args, kwargs, items):
+    """MultiModalHasher.hash_kwargs(algorithm, /, **items) consumes serialize_item's lazy byte
+    generator before it returns, so a range around the call covers the serialization, not only
+    the call."""
     try:
-        name = _hash_range(kwargs)
+        name = _hash_range(items)
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
-        failed("ranges.hash", e)
+        hook.failed(e)
         return wrapped(*args, **kwargs)
     collector = _collector()
     if tracing.on:
@@ -101,9 +101,9 @@ def item_hashed(wrapped, cls, args, kwargs):
             collector.record(name, time.perf_counter_ns() - t0)
 
 
-def processor_stage(wrapped, timing, args, kwargs):
+def processor_stage(hook, wrapped, timing, args, kwargs, stage):
     """TimingContext.record(stage) is entered for every processor stage, vLLM's timing on or off.
     With it off (`enabled` false, the default) vLLM's record() only yields: the stage timer then
     stands in for that no-op block rather than nesting it; with it on, it wraps vLLM's timer."""
     inner = wrapped(*args, **kwargs) if timing.enabled else None
-    return timed_stage(stages.processor_range(args[0]), _collector(), inner)
+    return timed_stage(stages.processor_range(stage), _collector(), inner)

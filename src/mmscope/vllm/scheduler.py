@@ -9,50 +9,48 @@ from mmscope.carry import request_facts
 from mmscope.carry.ledger import Decision
 from mmscope.emit.stage_timer import WORKER
 from mmscope.vllm.engine_state import existing, item_of, state_of
-from mmscope.vllm.patching import failed
 
 
 # --- EncoderCacheManager: the scheduler's look at each item in a request's token window --------
 # Scheduler._try_schedule_encoder_inputs asks about every item in the window: check_and_update_cache
 # (resident?), then can_allocate (room and budget?). vLLM passes (request, input_id) positionally.
-def cache_checked(wrapped, manager, args, kwargs):
+def cache_checked(hook, wrapped, manager, args, kwargs, request, input_id):
     hit = wrapped(*args, **kwargs)
     if hit:  # resident: a local hit, unless the item is a duplicate (ledger.propose)
         try:
-            state_of(manager).ledger.propose(item_of(*args[:2]), Decision.LOCAL_HIT)
+            state_of(manager).ledger.propose(item_of(request, input_id), Decision.LOCAL_HIT)
         except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
-            failed("encoder_cache.local_hit", e)
+            hook.failed(e)
     return hit
 
 
-def allocation_checked(wrapped, manager, args, kwargs):
+def allocation_checked(hook, wrapped, manager, args, kwargs, request, input_id):
     room = wrapped(*args, **kwargs)
     if not room:  # no room or budget: the scheduler stops before this item
         try:
-            state_of(manager).ledger.propose(item_of(*args[:2]), Decision.DEFERRED)
+            state_of(manager).ledger.propose(item_of(request, input_id), Decision.DEFERRED)
         except Exception as e:  # noqa: BLE001
-            failed("encoder_cache.deferral", e)
+            hook.failed(e)
     return room
 
 
-def entries_freed(wrapped, manager, args, kwargs):
+def entries_freed(hook, wrapped, manager, args, kwargs, request):
     try:
         state = state_of(manager)
-        request_id = args[0].request_id
-        state.ledger.forget(request_id)
+        state.ledger.forget(request.request_id)
         if state.access_log is not None:
-            state.access_log.freed(request_id)
+            state.access_log.freed(request.request_id)
     except Exception as e:  # noqa: BLE001
-        failed("encoder_cache.free", e)
+        hook.failed(e)
     return wrapped(*args, **kwargs)
 
 
 # --- Scheduler: allocation and commit ----------------------------------------------------------
-def inputs_allocated(wrapped, scheduler, args, kwargs):
+def inputs_allocated(hook, wrapped, scheduler, args, kwargs, request, input_ids,
+                     duplicate_input_ids):
     """A request the scheduler schedules: space for the items it computes or loads (input_ids),
     and the later copies of an item it computes in this step (duplicate_input_ids)."""
     try:
-        request, input_ids, duplicate_input_ids = args[:3]
         ledger = state_of(scheduler.encoder_cache_manager).ledger
         # Without a connector every reserved item is computed; with one, the step's computed
         # items tell the two apart at the commit.
@@ -64,24 +62,30 @@ def inputs_allocated(wrapped, scheduler, args, kwargs):
         for input_id in duplicate_input_ids:
             ledger.propose(item_of(request, input_id), Decision.DUPLICATE)
     except Exception as e:  # noqa: BLE001
-        failed("scheduler.allocate", e)
+        hook.failed(e)
     return wrapped(*args, **kwargs)
 
 
-def step_scheduled(wrapped, scheduler, args, kwargs):
+def step_scheduled(hook, wrapped, scheduler, args, kwargs):
     """The step's outcome commits the proposals. Decode-only steps proposed, computed, freed and
     admitted nothing: they skip the commit."""
     output = wrapped(*args, **kwargs)
     manager = scheduler.encoder_cache_manager
     state = existing(manager)
     if (output.scheduled_encoder_inputs or output.free_encoder_mm_hashes
-            or output.scheduled_new_reqs or output.scheduled_cached_reqs.resumed_req_ids
+            or output.scheduled_new_reqs or _resumed(output.scheduled_cached_reqs)
             or (state is not None and state.ledger.proposals)):
         try:
             _commit(scheduler, manager, output)
         except Exception as e:  # noqa: BLE001
-            failed("scheduler.commit", e)
+            hook.failed(e)
     return output
+
+
+def _resumed(cached) -> set[str]:
+    """Requests resumed after preemption that vLLM sends as cached ones: up to 0.33 with Model
+    Runner V1 (`resumed_req_ids`); vLLM 0.34 sends every resumed request in full, as a new one."""
+    return getattr(cached, "resumed_req_ids", None) or set()
 
 
 def _commit(scheduler, manager, output) -> None:
@@ -109,9 +113,10 @@ def _prefix_covered(scheduler, ledger, output) -> None:
     same test as vLLM's strip_covered_mm_data."""
     cached = output.scheduled_cached_reqs
     starts = [(r.req_id, r.num_computed_tokens) for r in output.scheduled_new_reqs]
-    if cached.resumed_req_ids:
+    resumed = _resumed(cached)
+    if resumed:
         starts += [(rid, n) for rid, n in zip(cached.req_ids, cached.num_computed_tokens)
-                   if rid in cached.resumed_req_ids]
+                   if rid in resumed]
     for request_id, computed in starts:
         request = scheduler.requests.get(request_id)
         if not computed or request is None or not request.mm_features:
@@ -129,7 +134,7 @@ def _evicts_for_room(manager_cls) -> bool:
     return manager_cls.get_freed_mm_hashes is EncoderCacheManager.get_freed_mm_hashes
 
 
-def scheduler_created(wrapped, scheduler, args, kwargs):
+def scheduler_created(hook, wrapped, scheduler, args, kwargs):
     """A worker in the scheduler's process (vLLM's default executor) leaves its stage durations
     in WORKER for the stats hook to take; only workers in other processes send them on outputs.
     Where vLLM traces requests, each multimodal request's record tallies its facts too."""
@@ -141,5 +146,5 @@ def scheduler_created(wrapped, scheduler, args, kwargs):
         if scheduler.observability_config.otlp_traces_endpoint:
             state.trace_requests()
     except Exception as e:  # noqa: BLE001
-        failed("scheduler.created", e)
+        hook.failed(e)
     return result

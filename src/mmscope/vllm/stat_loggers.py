@@ -14,7 +14,6 @@ from mmscope.expose.metrics import EncoderCacheProm
 from mmscope.expose.ttft import TtftProm
 from mmscope.vllm import request_times
 from mmscope.vllm.encoder_outputs import bytes_per_embedding
-from mmscope.vllm.patching import failed
 
 # vLLM's logger objects -> ours, weakly: state of ours never hangs on a logger of vLLM's.
 _prom: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # PrometheusStatLogger -> series
@@ -22,7 +21,7 @@ _windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # LoggingStat
 
 
 # --- PrometheusStatLogger: our series beside vLLM's -------------------------------------------
-def prometheus_created(wrapped, prom_logger, args, kwargs):
+def prometheus_created(hook, wrapped, prom_logger, args, kwargs):
     result = wrapped(*args, **kwargs)
     try:
         modalities, capacity = encoder_cache_shape(prom_logger.vllm_config)
@@ -35,7 +34,7 @@ def prometheus_created(wrapped, prom_logger, args, kwargs):
             TtftProm(prom_logger._histogram_cls, prom_logger.per_engine_labelvalues)
         ] if modalities and ttft.enabled() else []
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
-        failed("prometheus.create", e)
+        hook.failed(e)
     return result
 
 
@@ -60,23 +59,23 @@ def encoder_cache_shape(vllm_config) -> tuple[list[str], int | None]:
 
 
 # --- StatLoggerManager.record: every logger of the step, one wrapper --------------------------
-def stats_recorded(wrapped, manager, args, kwargs):
+def stats_recorded(hook, wrapped, manager, args, kwargs, scheduler_stats, engine_idx):
     """Once every logger of vLLM's manager has recorded the step's stats: the Prometheus logger
     gets our series, each logging logger its hit-rate window. One wrapper on the manager rather
-    than one per logger class: record() runs every step. vLLM passes the stats by keyword."""
+    than one per logger class: record() runs every step."""
     result = wrapped(*args, **kwargs)
-    stats = kwargs.get("scheduler_stats", args[0] if args else None)
+    stats = scheduler_stats
     if stats is not None and (stats.encoder_cache_stats or stats.mm_stage_durations
                               or FRONTEND.pending or stats.mm_request_shares
                               or stats.mm_ec_transfers):
         try:
-            engine_idx = kwargs.get("engine_idx", args[3] if len(args) > 3 else None) or 0
+            engine_idx = engine_idx or 0
             if stats.mm_request_shares:
                 request_times.engine_shares(stats.mm_request_shares, engine_idx)
             for stat_logger in manager.stat_loggers:
                 _record(stat_logger, stats, engine_idx)
         except Exception as e:  # noqa: BLE001
-            failed("stat_loggers.record", e)
+            hook.failed(e)
     return result
 
 
@@ -143,7 +142,7 @@ def _to_hit_rate_window(log_logger, wire: dict[str, int]) -> None:
 _logging_now = threading.local()
 
 
-def stats_logged(wrapped, log_logger, args, kwargs):
+def stats_logged(hook, wrapped, log_logger, args, kwargs):
     """LoggingStatLogger.log builds the stats line in one call with no extension point: the
     filter below appends to the line logged while this logger's log() runs on this thread."""
     _logging_now.logger = log_logger

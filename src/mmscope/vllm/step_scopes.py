@@ -10,11 +10,11 @@ from mmscope import stages
 from mmscope.emit import tracing
 
 
-def vllm_scope(wrapped, instance, args, kwargs):
-    """V1 opens its step ranges through record_function_or_nullcontext; while mmscope traces, they
-    go through its span, so that every backend holds the worker's whole tree (nvtx and torch as
-    vLLM's own switches would)."""
-    return tracing.span(args[0]) if tracing.on else wrapped(*args, **kwargs)
+def vllm_scope(hook, wrapped, instance, args, kwargs, name):
+    """V1 opens its step ranges through record_function_or_nullcontext(name); while mmscope
+    traces, they go through its span, so that every backend holds the worker's whole tree (nvtx
+    and torch as vLLM's own switches would)."""
+    return tracing.span(name) if tracing.on else wrapped(*args, **kwargs)
 
 
 # V2: the range open in the current step, preprocess from execute_model's start until the
@@ -31,11 +31,11 @@ def _switch(name: str | None) -> None:
         _open.__enter__()
 
 
-def step_executed(wrapped, runner, args, kwargs):
-    """V2's execute_model(scheduler_output, intermediate_tensors, dummy_run, ...): a real step
-    builds its inputs and embeddings (EC load, encoder, EC save, gather, embed), then runs the
-    forward. Dummy runs (warm-up, profiling, graph capture) are no steps, as under V1."""
-    if not tracing.on or kwargs.get("dummy_run", args[2] if len(args) > 2 else False):
+def step_executed(hook, wrapped, runner, args, kwargs, dummy_run):
+    """V2's execute_model: a real step builds its inputs and embeddings (EC load, encoder, EC
+    save, gather, embed), then runs the forward. Dummy runs (warm-up, profiling, graph capture)
+    are no steps, as under V1."""
+    if not tracing.on or dummy_run:
         return wrapped(*args, **kwargs)
     _switch(stages.PREPROCESS)
     try:
@@ -44,7 +44,7 @@ def step_executed(wrapped, runner, args, kwargs):
         _switch(None)
 
 
-def forward_started(wrapped, step_timing, args, kwargs):
+def forward_started(hook, wrapped, step_timing, args, kwargs):
     """V2 calls step_timing.forward_start() right before the model's forward, in every mode
     (eager, piecewise or full CUDA graph)."""
     if _open is not None:
@@ -52,7 +52,7 @@ def forward_started(wrapped, step_timing, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def _call(wrapped, args, kwargs):
+def _call(hook, wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 

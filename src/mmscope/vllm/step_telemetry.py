@@ -7,7 +7,6 @@ import functools
 from mmscope import stages
 from mmscope.emit.step_shape import StepTelemetry, split_prefill_decode
 from mmscope.log import logger
-from mmscope.vllm.patching import failed
 
 
 @functools.cache
@@ -29,20 +28,20 @@ def batch_shape(runner, num_scheduled_tokens) -> stages.StepShape:
                                 batch.num_prompt_tokens[:n])
 
 
-def inputs_prepared(wrapped, runner, args, kwargs):
-    """V1's _prepare_inputs(scheduler_output, num_scheduled_tokens) runs once per step on the
-    thread that runs the forward, just before it: where step_meta belongs."""
+def inputs_prepared(hook, wrapped, runner, args, kwargs, num_scheduled_tokens):
+    """V1's _prepare_inputs runs once per step on the thread that runs the forward, just before
+    it: where step_meta belongs."""
     try:
         telemetry = _telemetry()
         level = telemetry.next_step()
         if level is not None:  # a range or a log line needs the shape: most steps neither
-            telemetry.emit(batch_shape(runner, args[1]), level)
+            telemetry.emit(batch_shape(runner, num_scheduled_tokens), level)
     except Exception as e:  # noqa: BLE001
-        failed("telemetry.step_shape", e)
+        hook.failed(e)
     return wrapped(*args, **kwargs)
 
 
-def batch_prepared(wrapped, runner, args, kwargs):
+def batch_prepared(hook, wrapped, runner, args, kwargs):
     """V2's prepare_inputs(...) returns the step's InputBatch, once per real step on the thread
     that runs the forward, before it; its rows are the step's requests, prefill by V1's rule
     (computed tokens short of the prompt's)."""
@@ -55,5 +54,5 @@ def batch_prepared(wrapped, runner, args, kwargs):
                                                 batch.num_computed_tokens_np,
                                                 batch.prefill_len_np), level)
     except Exception as e:  # noqa: BLE001
-        failed("telemetry.step_shape.v2", e)
+        hook.failed(e)
     return batch

@@ -7,37 +7,36 @@ from mmscope import stages
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import ENABLED, WORKER, timed_stage
 from mmscope.vllm import ec_connector, runners
-from mmscope.vllm.patching import failed, wrap_instance
+from mmscope.vllm.patching import wrap_instance
 
 
-def timed(name: str, multimodal=None, hook: str | None = None, skip=None):
+def timed(name: str, multimodal=None, skip=None):
     """A wrapper timing the whole call as one worker stage (a span too while tracing). With
-    `multimodal(result, args, kwargs)`, a call of a step without multimodal embeddings (a decode
-    step) gives no histogram sample: the stage describes multimodal work. `skip(args, kwargs)`:
-    calls that are not the stage at all (no span, no sample). `hook`: the table's hook that an
-    error of ours turns off."""
-    def _timed_call(wrapped, args, kwargs):
+    `multimodal(result, *params)`, a call of a step without multimodal embeddings (a decode step)
+    gives no histogram sample: the stage describes multimodal work. `skip(*params)`: calls that
+    are not the stage at all (no span, no sample). `params`: the row's, bound by name."""
+    def _timed_call(hook, wrapped, instance, args, kwargs, *params):
         started = WORKER.clock.start()
         result = wrapped(*args, **kwargs)
         try:
-            if ENABLED and (multimodal is None or multimodal(result, args, kwargs)):
+            if ENABLED and (multimodal is None or multimodal(result, *params)):
                 WORKER.clock.stop(WORKER, name, started)
         except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
-            failed(hook or f"ranges.{name}", e)
+            hook.failed(e)
         return result
     traced = tracing.spanned(name, _timed_call)
     if skip is None:
         return traced
 
-    def wrapper(wrapped, instance, args, kwargs):
-        if skip(args, kwargs):
+    def wrapper(hook, wrapped, instance, args, kwargs, *params):
+        if skip(*params):
             return wrapped(*args, **kwargs)
-        return traced(wrapped, instance, args, kwargs)
+        return traced(hook, wrapped, instance, args, kwargs, *params)
     return wrapper
 
 
 # --- the encoder forward --------------------------------------------------------------------
-def encoder_forward(wrapped, runner, args, kwargs):
+def encoder_forward(hook, wrapped, runner, args, kwargs):
     """V1: timed_encoder_operation wraps exactly model.embed_multimodal per encoder batch;
     wrapping _execute_mm_encoder instead would also swallow the EC save loop (the seed's bug)."""
     return timed_stage(stages.VIT_FORWARD, WORKER, wrapped(*args, **kwargs))
@@ -68,16 +67,16 @@ class _EncoderStep:
         return self.inner.__exit__(exc_type, exc, tb)
 
 
-def encoder_step(wrapped, encoder_runner, args, kwargs):
+def encoder_step(hook, wrapped, encoder_runner, args, kwargs):
     return _EncoderStep(wrapped(*args, **kwargs))
 
 
-def _not_a_step(args, kwargs) -> bool:
+def _not_a_step() -> bool:
     return not _encoding
 
 
 # One call per encoder batch: the model's embed_multimodal, or the encoder's CUDA graph.
-encoder_batch = timed(stages.VIT_FORWARD, hook="ranges.vit_forward.v2", skip=_not_a_step)
+encoder_batch = timed(stages.VIT_FORWARD, skip=_not_a_step)
 
 
 # --- gather, embed, prepare ---------------------------------------------------------------------
@@ -86,59 +85,50 @@ encoder_batch = timed(stages.VIT_FORWARD, hook="ranges.vit_forward.v2", skip=_no
 _step_gathered = False
 
 
-def _gathered(result, args, kwargs) -> bool:
+def _gathered(result, lookahead) -> bool:
     global _step_gathered
     _step_gathered = bool(result[0])  # (mm_embeds, is_mm_embed): the step's gathered embeddings
     return _step_gathered
 
 
-def _merged(result, args, kwargs) -> bool:
-    embeddings = kwargs.get("multimodal_embeddings", args[1] if len(args) > 1 else None)
-    return bool(embeddings is not None and len(embeddings))
+def _merged(result, multimodal_embeddings) -> bool:
+    return bool(multimodal_embeddings is not None and len(multimodal_embeddings))
 
 
-def _prepared(result, args, kwargs) -> bool:
+def _prepared(result) -> bool:
     global _step_gathered
     gathered, _step_gathered = _step_gathered, False
     return gathered
 
 
-def _drafter_v1(args, kwargs) -> bool:
-    """The drafter gathers one token ahead (speculative decoding): not the step's stage."""
-    return bool(kwargs.get("shift_computed_tokens", args[1] if len(args) > 1 else 0))
+def _drafter(lookahead) -> bool:
+    """The drafter gathers ahead (speculative decoding: V1's shift_computed_tokens, V2's
+    draft_lookahead): not the step's stage."""
+    return bool(lookahead)
 
 
-def _drafter_v2(args, kwargs) -> bool:
-    return bool(kwargs.get("draft_lookahead", args[6] if len(args) > 6 else 0))
-
-
-gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS, _gathered,
-                             "ranges.gather_mm_embeddings", skip=_drafter_v1)
-gather_mm_embeddings_v2 = timed(stages.GATHER_MM_EMBEDDINGS, _gathered,
-                                "ranges.gather_mm_embeddings.v2", skip=_drafter_v2)
-prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, _prepared, "ranges.prepare_mm_inputs")
+# Both runners' gather; its row's one param is V1's shift_computed_tokens, V2's draft_lookahead.
+gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS, _gathered, skip=_drafter)
+prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, _prepared)
 _embed_timed = timed(stages.EMBED_INPUT_IDS, _merged)
 
 
-def model_loaded(hook_name: str, runner_methods: tuple[str, ...] = ()):
+def model_loaded(hook, wrapped, runner, args, kwargs):
     """The model exists once the runner loaded it: its embed_input_ids (and, under V2, its
     embed_multimodal, one encoder batch) are wrapped on the instance; an accelerator's stages are
     timed with its events from then on; the worker names its runner once."""
-    wraps = {"embed_input_ids": _embed_timed, "embed_multimodal": encoder_batch}
-
-    def wrapper(wrapped, runner, args, kwargs):
-        result = wrapped(*args, **kwargs)
-        try:
-            model = getattr(runner, "model", None)
-            if model is not None:
-                for method in ("embed_input_ids",) + runner_methods:
-                    wrap_instance(model, method, wraps[method])
-            _time_on_device(getattr(runner, "device", None))
-            runners.announce(runner)
-        except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
-            failed(hook_name, e)
-        return result
-    return wrapper
+    result = wrapped(*args, **kwargs)
+    try:
+        model = getattr(runner, "model", None)
+        if model is not None:
+            wrap_instance(model, "embed_input_ids", _embed_timed, hook, ("multimodal_embeddings",))
+            if hook.runner == runners.V2:
+                wrap_instance(model, "embed_multimodal", encoder_batch, hook)
+        _time_on_device(getattr(runner, "device", None))
+        runners.announce(runner, hook.table)
+    except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
+        hook.failed(e)
+    return result
 
 
 def _time_on_device(device) -> None:
@@ -150,19 +140,20 @@ def _time_on_device(device) -> None:
     WORKER.use_device_events(lambda: torch.Event(device=device, enable_timing=True))
 
 
-def connector_created(wrapped, cls, args, kwargs):
+def connector_created(hook, wrapped, cls, args, kwargs, role):
     """The worker-side EC connector's load and save are timed and counted (vllm/ec_connector.py):
     start_load_caches includes the host-to-device copy, save_caches the device-to-host one."""
     connector = wrapped(*args, **kwargs)
     try:
         from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
 
-        role = args[1] if len(args) > 1 else kwargs.get("role")
         if role == ECConnectorRole.WORKER:
             if connector.is_consumer:
-                wrap_instance(connector, "start_load_caches", ec_connector.load_wrapper)
+                wrap_instance(connector, "start_load_caches", ec_connector.load_wrapper, hook,
+                              ec_connector.LOAD_PARAMS)
             if connector.is_producer:
-                wrap_instance(connector, "save_caches", ec_connector.save_wrapper)
+                wrap_instance(connector, "save_caches", ec_connector.save_wrapper, hook,
+                              ec_connector.SAVE_PARAMS)
     except Exception as e:  # noqa: BLE001
-        failed(ec_connector.HOOK, e)
+        hook.failed(e)
     return connector
