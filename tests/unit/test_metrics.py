@@ -154,7 +154,8 @@ def test_two_emissions_add_up_and_the_gauges_take_the_last(vllm_config, metrics_
     assert s[("vllm:encoder_cache_hit_embeds_by_modality_total", "0", "image")] == 32
 
 
-def stats_line(mgr) -> str:
+def stats_line(mgr, engine: str = "") -> str:
+    """The stats line (of `engine`, "Engine 001", where the manager logs several)."""
     lines = []
 
     class Recorder(logging.Handler):
@@ -170,7 +171,7 @@ def stats_line(mgr) -> str:
     finally:
         target.removeHandler(handler)
         target.setLevel(level)
-    found = [line for line in lines if "Avg prompt throughput" in line]
+    found = [line for line in lines if "Avg prompt throughput" in line and engine in line]
     assert len(found) == 1, lines
     return found[0]
 
@@ -291,3 +292,65 @@ def test_the_ttft_split_is_applied_and_exposed_only_with_its_switch(vllm_config,
         monkeypatch.delenv("MMSCOPE_TTFT_PARTS")
         instrumentor.uninstrument()
         instrumentor.instrument()
+
+
+def hook_off_samples() -> dict[tuple[str, str], float]:
+    out = {}
+    for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+        for s in family.samples:
+            if s.name == "vllm:mmscope_hook_off":
+                out[(s.labels["engine"], s.labels["hook"])] = s.value
+    return out
+
+
+@pytest.fixture
+def no_hooks_off():
+    yield
+    sl.HOOKS_OFF.clear()
+
+
+def test_a_hook_turned_off_in_an_engine_is_said_and_its_counts_withdrawn(
+        vllm_config, metrics_hooks, no_hooks_off):
+    """EngineCore's news of a dead accounting hook: vllm:mmscope_hook_off says which, that
+    engine's encoder-cache series go (not zeros) and stay gone, its stats line says why; the
+    other engine counts on."""
+    mgr = manager(vllm_config, engines=(0, 1))
+    off = hook_off_samples()
+    assert off[("0", "scheduler.commit")] == 0 and len(off) >= 2 * 25  # every row, at 0
+    record(mgr, stats_with(wire((0, Decision.COMPUTE))), engine_idx=0)
+    news = stats_with()
+    news.mm_hooks_off = {"scheduler.commit": "after error: AttributeError: boom"}
+    record(mgr, news, engine_idx=0)
+    record(mgr, stats_with(wire((0, Decision.LOCAL_HIT))), engine_idx=0)  # no comeback
+    record(mgr, stats_with(wire((0, Decision.LOCAL_HIT))), engine_idx=1)
+    off = hook_off_samples()
+    assert {k: v for k, v in off.items() if v} == {("0", "scheduler.commit"): 1.0}
+    engines = {engine for (_, engine, _) in samples()}
+    assert engines == {"1"}  # engine 0's encoder-cache series are withdrawn
+    assert samples()[("vllm:encoder_cache_hits_total", "1", None)] == 1
+    assert stats_line(mgr, "Engine 000").endswith(
+        ", Encoder cache figures: off (mmscope hook scheduler.commit turned itself off after "
+        "error: AttributeError: boom)")
+    assert stats_line(mgr, "Engine 001").endswith(", Encoder cache hit rate: 100.0%, "
+                                                  "Encoder work saved: 100.0% of embeddings")
+
+
+def test_a_hook_of_this_process_turned_off_is_said_at_once(vllm_config, metrics_hooks,
+                                                           no_hooks_off):
+    """A hook of the API server's own process: reported when it turns off, for every engine,
+    even when the recording hook is the one that died."""
+    from mmscope.vllm import targets
+    from mmscope.vllm.patching import TURNED_OFF
+
+    mgr = manager(vllm_config, engines=(0, 1))  # noqa: F841 - alive, as vLLM keeps it
+    hook = targets.TABLE.by_name["ranges.hash"]
+    assert hook.status is Status.APPLIED
+    try:
+        hook.failed(RuntimeError("ours"))
+        off = hook_off_samples()
+        assert {k for k, v in off.items() if v} == {("0", "ranges.hash"), ("1", "ranges.hash")}
+        stages_left = [k for k in samples("vllm:mm_stage_duration_seconds")]
+        assert stages_left == []  # the stage histogram it fed is withdrawn
+    finally:
+        hook.apply()
+        TURNED_OFF.all.pop(hook.name, None), TURNED_OFF.drain()

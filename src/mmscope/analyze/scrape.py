@@ -14,14 +14,15 @@ def read(source: str) -> dict:
     from mmscope.expose import readout
     from mmscope.load import series, ttft
 
-    text = _fetch(source)
+    text = fetch(source)
     try:
         values = readout.from_prometheus_text(text, histograms=series.HISTOGRAMS)
     except ValueError as e:
         raise UserError(f"{source}: not a Prometheus /metrics page ({e})") from None
     if series.QUERIES not in values:
-        raise UserError(f"{source}: no {series.exposed(series.QUERIES)} series (a /metrics page "
-                        "of a vLLM server with mmscope's plugin is needed)")
+        raise UserError(f"{source}: " + (series.counts_off(values) or (
+            f"no {series.exposed(series.QUERIES)} series (a /metrics page of a vLLM server with "
+            "mmscope's plugin is needed)")))
     queries, hits = values[series.QUERIES], values.get(series.HITS, 0.0)
     out = {"source": source,
            "counters": {k: _int(values.get(k)) for k in series.COUNTERS},
@@ -41,7 +42,7 @@ def _int(value) -> int | None:
     return None if value is None else int(round(value))
 
 
-def _fetch(source: str) -> str:
+def fetch(source: str) -> str:
     if source.startswith(("http://", "https://")):
         import httpx
 

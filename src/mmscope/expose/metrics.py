@@ -92,6 +92,15 @@ STAGE_HISTOGRAM = (
     "events.")
 STAGE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
                  0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+HOOK_OFF = (
+    "vllm:mmscope_hook_off",
+    "1 while the mmscope hook named (label hook; feature, process: what it observes and where) "
+    "has turned itself off after an error of its own, 0 otherwise. The figures it fed are "
+    "withdrawn from /metrics on that engine (feature accounting: every vllm:encoder_cache_* "
+    "series; ranges: vllm:mm_stage_duration_seconds and vllm:ec_connector_transfer_*; "
+    "ttft_parts: the TTFT split), never left to read as zeros.")
+# A hook's feature -> what it fed, withdrawn when it turns itself off.
+COUNTS, STAGES = "accounting", "ranges"
 
 
 class EncoderCacheProm:
@@ -104,10 +113,12 @@ class EncoderCacheProm:
     def __init__(self, counter_cls, gauge_cls, histogram_cls,
                  per_engine_labelvalues: dict[int, list], modalities=(),
                  capacity_embeds: int | None = None, ec_connector: bool = False,
-                 bytes_per_embed: int | None = None):
+                 bytes_per_embed: int | None = None, hooks: tuple[tuple[str, str, str], ...] = ()):
         labels = ["model_name", "engine"]
         self.labelvalues = per_engine_labelvalues
         self.bytes_per_embed = bytes_per_embed
+        # What a hook turned off fed, by engine: no longer observed, its series removed.
+        self._withdrawn: dict[str, set[int]] = {COUNTS: set(), STAGES: set()}
         counters = {k: counter_cls(name=n, documentation=d, labelnames=labels)
                     for k, (n, d) in COUNTERS.items()}
         labeled = {k: counter_cls(name=n, documentation=d, labelnames=labels + [extra])
@@ -125,13 +136,21 @@ class EncoderCacheProm:
         self._labeled = labeled
         # (engine, "<kind>:<direction>") -> the child's inc, for an instance with an EC connector
         self._transfers: dict[tuple[int, str], object] = {}
+        self._transfer_metrics: list = []
         if ec_connector:
             self._transfer_series(counter_cls, labels)
+        self.hooks = {name: (feature, process) for name, feature, process in hooks}
+        self.hook_off_gauge = gauge_cls(name=HOOK_OFF[0], documentation=HOOK_OFF[1],
+                                        labelnames=labels + ["hook", "feature", "process"],
+                                        multiprocess_mode="mostrecent")
+        self._counts = [*counters.values(), *labeled.values(), *gauges.values()]
         for idx, values in per_engine_labelvalues.items():
             for key, metric in counters.items():
                 self._updates[(idx, key)] = metric.labels(*values).inc
             for key, metric in gauges.items():
                 self._updates[(idx, key)] = metric.labels(*values).set
+            for name, (feature, process) in self.hooks.items():
+                self.hook_off_gauge.labels(*values, name, feature, process).set(0)
             for source in SOURCES:
                 self._update(idx, f"hits_by_source:{source}")
                 self._update(idx, f"hit_embeds_by_source:{source}")
@@ -149,6 +168,7 @@ class EncoderCacheProm:
     def _transfer_series(self, counter_cls, labels: list[str]) -> None:
         for kind, (name, doc) in TRANSFERS.items():
             metric = counter_cls(name=name, documentation=doc, labelnames=labels + ["direction"])
+            self._transfer_metrics.append(metric)
             for idx, values in self.labelvalues.items():
                 for direction in DIRECTIONS:
                     self._transfers[(idx, f"{kind}:{direction}")] = metric.labels(
@@ -172,7 +192,7 @@ class EncoderCacheProm:
             self._updates[(engine_idx, BYTES_OF[key])](embeds * self.bytes_per_embed)
 
     def observe(self, wire: dict[str, int], engine_idx: int) -> None:
-        if engine_idx not in self.labelvalues:
+        if engine_idx not in self.labelvalues or engine_idx in self._withdrawn[COUNTS]:
             return
         for wire_key, n in wire.items():
             if wire_key in BYTES_OF:
@@ -183,7 +203,7 @@ class EncoderCacheProm:
                 update(n)
 
     def observe_stages(self, durations: dict[str, list[int]], engine_idx: int) -> None:
-        if engine_idx not in self.labelvalues:
+        if engine_idx not in self.labelvalues or engine_idx in self._withdrawn[STAGES]:
             return
         for stage, values in durations.items():
             child = self.stage_seconds.labels(*self.labelvalues[engine_idx], stage)
@@ -191,7 +211,30 @@ class EncoderCacheProm:
                 child.observe(ns / 1e9)
 
     def observe_transfers(self, wire: dict[str, int], engine_idx: int) -> None:
+        if engine_idx in self._withdrawn[STAGES]:
+            return
         for key, n in wire.items():
             inc = self._transfers.get((engine_idx, key))
             if inc is not None and n:
                 inc(n / 1e9 if key.startswith("ns:") else n)
+
+    def hook_off(self, name: str, engine_idx: int | None) -> None:
+        """Hook `name` turned itself off in engine `engine_idx`'s processes (None: in this process,
+        which every engine's figures pass through): say so, and withdraw what it fed."""
+        if name not in self.hooks:
+            return
+        feature, process = self.hooks[name]
+        for idx in self.labelvalues if engine_idx is None else [engine_idx]:
+            values = self.labelvalues.get(idx)
+            if values is None:
+                continue
+            self.hook_off_gauge.labels(*values, name, feature, process).set(1)
+            withdrawn = {COUNTS: self._counts,
+                         STAGES: [self.stage_seconds, *self._transfer_metrics]}.get(feature, [])
+            if withdrawn and idx not in self._withdrawn[feature]:
+                self._withdrawn[feature].add(idx)
+                engine = dict(zip(("model_name", "engine"), values))
+                for metric in withdrawn:
+                    metric.remove_by_labels(engine)
+                if feature == COUNTS:
+                    self._updates = {k: v for k, v in self._updates.items() if k[0] != idx}

@@ -32,9 +32,9 @@ class TtftProm:
     def __init__(self, histogram_cls, per_engine_labelvalues: dict[int, list]):
         labels = ["model_name", "engine"]
         self.labelvalues = per_engine_labelvalues
-        parts = histogram_cls(name=PART_HISTOGRAM[0], documentation=PART_HISTOGRAM[1],
+        self.parts = parts = histogram_cls(name=PART_HISTOGRAM[0], documentation=PART_HISTOGRAM[1],
                               labelnames=labels + ["part", "encoder_cache"], buckets=BUCKETS)
-        total = histogram_cls(name=TTFT_HISTOGRAM[0], documentation=TTFT_HISTOGRAM[1],
+        self.total = total = histogram_cls(name=TTFT_HISTOGRAM[0], documentation=TTFT_HISTOGRAM[1],
                               labelnames=labels + ["encoder_cache"], buckets=BUCKETS)
         # (engine, hit) -> the children's observe methods, the TTFT's first, then the parts' in
         # stages.TTFT_PARTS order: resolved once (labels() locks and hashes), made at 0.
@@ -52,3 +52,14 @@ class TtftProm:
         total(split.ttft_s)
         for observe, seconds in zip(parts, split.parts.values()):
             observe(seconds if seconds > 0 else 0.0)
+
+    def withdraw(self, engine_idx: int | None) -> None:
+        """A hook the split needs turned itself off: the engine's split is no longer observed and
+        its series are removed, never left to read as zeros (None: every engine)."""
+        for idx, values in self.labelvalues.items():
+            if engine_idx in (None, idx):
+                engine = dict(zip(("model_name", "engine"), values))
+                for metric in (self.parts, self.total):
+                    metric.remove_by_labels(engine)
+                for outcome in OUTCOMES:
+                    self._observers.pop((idx, outcome == "hit"), None)

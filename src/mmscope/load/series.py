@@ -30,6 +30,22 @@ GAUGES = (CAPACITY, USAGE)
 OTHER_CACHES = ("mm_cache", "prefix_cache")
 
 
+HOOK_OFF = "mmscope_hook_off"  # {feature=,hook=,process=}: 1 once the hook turned itself off
+
+
+def counts_off(values: dict[str, float]) -> str | None:
+    """Why the encoder-cache counts are missing from a /metrics page whose accounting hook turned
+    itself off (they are withdrawn, never zeros), or None."""
+    import re
+
+    for key, value in values.items():
+        m = re.fullmatch(HOOK_OFF + r"\{feature=accounting,hook=([^,}]+).*", key)
+        if m and value > 0:
+            return (f"the encoder-cache counts are off: mmscope's hook {m[1]} turned itself off "
+                    "(`mmscope doctor --url` and the server's log say why)")
+    return None
+
+
 def exposed(key: str) -> str:
     suffix = "" if key in GAUGES else "_total"
     return f"vllm:{key}{suffix}"

@@ -70,9 +70,11 @@ async def preflight(server: Server, model: str | None, workload: Workload,
     elif model not in served:
         raise UserError(f"model {model!r} is not served at {server.url} (it serves: "
                         f"{', '.join(served)})")
-    if series.QUERIES not in await server.metrics():
-        raise UserError(f"{server.url}/metrics has no {series.exposed(series.QUERIES)}: is mmscope "
-                        "installed in the server's Python environment (vLLM loads it as a plugin)?")
+    values = await server.metrics()
+    if series.QUERIES not in values:
+        raise UserError(f"{server.url}/metrics: " + (series.counts_off(values) or (
+            f"no {series.exposed(series.QUERIES)}: is mmscope installed in the server's Python "
+            "environment (vLLM loads it as a plugin)?")))
     return Target(model, await _embeds_per_image(server, model, workload, max_tokens))
 
 

@@ -1,9 +1,11 @@
 """`mmscope doctor`: every hook checked against the installed vLLM, without starting an engine, the
 model runner vLLM picks here and which hooks apply to it, and the releases mmscope is tested on
-or checked against (their sources, read from their wheels).
+or checked against (their sources, read from their wheels), with the runners each has. With
+`--url` or `--log`, a running server instead: the hooks turned off in it, each worker's runner.
 
 Exit status 1 when a required hook's target is missing in the installed vLLM or has another
-signature; a release checked against its sources reports its result without changing the status.
+signature, or when a hook of the server turned itself off; a release checked against its sources
+reports its result without changing the status.
 """
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ from mmscope.vllm import release_check
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--url", help="a running vLLM server (http://HOST:PORT): the hooks turned off "
+                                 "in it, from its /metrics")
+    p.add_argument("--log", metavar="FILE", help="a vLLM server's log: the runner each worker "
+                                                 "uses and the hooks turned off or not applied")
 
 
 def _entry_point_registered() -> bool:
@@ -75,6 +81,8 @@ def _status(h: dict) -> str:
 def run(args) -> int:
     from mmscope.vllm.runners import LABEL
 
+    if args.url or args.log:
+        return _run_live(args)
     data = report()
     failed = [h for h in data["hooks"]
               if h["required"] and h["status"] not in ("ok", NOT_IN_RELEASE)]
@@ -139,3 +147,41 @@ def _releases_table(releases: list[dict]):
             f"[{colour[status]}]{status}[/{colour[status]}]: {r['detail']}")
         table.add_row(r["version"], ", ".join(r["runners"]), r["how"], result)
     return table
+
+
+def _run_live(args) -> int:
+    from mmscope.vllm import live
+
+    data = {"metrics": live.from_metrics(args.url) if args.url else None,
+            "log": live.from_log(args.log) if args.log else None}
+    off = [h for part in data.values() if part for h in part["hooks_off"]]
+    if args.json:
+        import json
+        print(json.dumps(data, indent=2))
+        return 1 if off else 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    log = data["log"]
+    if log:
+        console.print(f"log {log['source']}: vLLM {log['vllm']['version']} {log['vllm']['standing']}"
+                      if log["vllm"] else f"log {log['source']}")
+        table = Table("process", "model runner", "class", "hooks", title="workers")
+        for w in log["workers"]:
+            table.add_row(w["process"], w["runner"], w["class"], w["hooks"])
+        console.print(table if log["workers"] else "no worker named its runner (start-up lines "
+                      "are logged at INFO)")
+        for h in log["not_applied"]:
+            console.print(f"[yellow]not applied[/yellow] {h['hook']} ({h['process']}): "
+                          f"{h['detail']}")
+    metrics = data["metrics"]
+    if metrics:
+        console.print(f"metrics {metrics['source']}: "
+                      + (f"{len(metrics['hooks_off'])} hook series off" if metrics["hooks_off"]
+                         else "no hook turned off"))
+    for h in off:
+        where = f"engine {h['engine']}" if "engine" in h else h["process"]
+        why = h.get("error") or f"feature {h['feature']}: its figures are withdrawn from /metrics"
+        console.print(f"[red]off[/red] {h['hook']} ({where}): {why}")
+    return 1 if off else 0

@@ -243,9 +243,16 @@ class TurnedOff:
     def __init__(self):
         self.all: dict[str, str] = {}
         self.unsent: dict[str, str] = {}
+        self.listeners: list[Callable[[Hook], None]] = []  # told at once, in this process
 
     def add(self, hook: Hook) -> None:
         self.all[hook.name] = self.unsent[hook.name] = hook.detail
+        for listener in list(self.listeners):
+            try:
+                listener(hook)
+            except Exception as e:  # noqa: BLE001 - telling must not break the caller either
+                logger.warning("mmscope: could not report hook %s as off: %s: %s", hook.name,
+                               type(e).__name__, e)
 
     def merge(self, more: dict[str, str] | None) -> None:
         for name, why in (more or {}).items():

@@ -1,6 +1,6 @@
 """Carry mmscope's counts inside vLLM's SchedulerStats from EngineCore to the API server.
 
-msgspec encodes only declared dataclass fields, so we declare four; both processes declare them
+msgspec encodes only declared dataclass fields, so we declare five; both processes declare them
 before process 0 builds its typed decoder (register() runs early enough).
 """
 from __future__ import annotations
@@ -14,8 +14,11 @@ STAGES_FIELD = "mm_stage_durations"  # worker stage -> durations in ns since the
 SHARES_FIELD = "mm_request_shares"
 # the EC connector's transfers: "<items|bytes|ns>:<load|save>" -> count since the last stats
 TRANSFERS_FIELD = "mm_ec_transfers"
+# hooks of EngineCore's process (and its workers') turned off since the last stats: name -> why
+HOOKS_OFF_FIELD = "mm_hooks_off"
 FIELDS = {FIELD: dict[str, int] | None, STAGES_FIELD: dict[str, list[int]] | None,
-          SHARES_FIELD: dict[str, dict[str, int]] | None, TRANSFERS_FIELD: dict[str, int] | None}
+          SHARES_FIELD: dict[str, dict[str, int]] | None, TRANSFERS_FIELD: dict[str, int] | None,
+          HOOKS_OFF_FIELD: dict[str, str] | None}
 
 
 def inject_scheduler_stats_fields() -> None:

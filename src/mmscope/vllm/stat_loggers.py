@@ -1,5 +1,6 @@
 """API-server wrappers (or the offline LLM's process): the counts from EngineCore into Prometheus
-series and into vLLM's periodic stats line. Formatting only; the counting happened in EngineCore.
+series and into vLLM's periodic stats line, and hooks turned off said there. Formatting only; the
+counting happened in EngineCore.
 """
 from __future__ import annotations
 
@@ -14,10 +15,16 @@ from mmscope.expose.metrics import EncoderCacheProm
 from mmscope.expose.ttft import TtftProm
 from mmscope.vllm import request_times
 from mmscope.vllm.encoder_outputs import bytes_per_embedding
+from mmscope.vllm.patching import TURNED_OFF, in_release
 
 # vLLM's logger objects -> ours, weakly: state of ours never hangs on a logger of vLLM's.
 _prom: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # PrometheusStatLogger -> series
 _windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # LoggingStatLogger -> window
+# Hooks turned off (docs/design.md §9): engine index -> {hook: why}; None: in this process, which
+# every engine's figures pass through. ROWS: hook -> (feature, process), from the target table.
+HOOKS_OFF: dict[int | None, dict[str, str]] = {}
+ROWS: dict[str, tuple[str, str]] = {}
+ACCOUNTING, TTFT_PARTS = "accounting", "ttft_parts"
 
 
 # --- PrometheusStatLogger: our series beside vLLM's -------------------------------------------
@@ -25,14 +32,20 @@ def prometheus_created(hook, wrapped, prom_logger, args, kwargs):
     result = wrapped(*args, **kwargs)
     try:
         modalities, capacity = encoder_cache_shape(prom_logger.vllm_config)
-        _prom[prom_logger] = EncoderCacheProm(
+        table = hook.table
+        ROWS.update({r.name: (r.feature, r.process) for r in table
+                     if in_release(r, table.version)})
+        prom = _prom[prom_logger] = EncoderCacheProm(
             prom_logger._counter_cls, prom_logger._gauge_cls, prom_logger._histogram_cls,
             prom_logger.per_engine_labelvalues, modalities, capacity,
             ec_connector=_has_ec_connector(prom_logger.vllm_config),
-            bytes_per_embed=bytes_per_embedding(prom_logger.vllm_config.model_config))
+            bytes_per_embed=bytes_per_embedding(prom_logger.vllm_config.model_config),
+            hooks=tuple((name, *row) for name, row in ROWS.items()))
         request_times.HISTOGRAMS[:] = [
             TtftProm(prom_logger._histogram_cls, prom_logger.per_engine_labelvalues)
         ] if modalities and ttft.enabled() else []
+        for engine_idx, off in HOOKS_OFF.items():  # turned off before these series were made
+            _withdraw(prom, off, engine_idx)
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
         hook.failed(e)
     return result
@@ -67,9 +80,11 @@ def stats_recorded(hook, wrapped, manager, args, kwargs, scheduler_stats, engine
     stats = scheduler_stats
     if stats is not None and (stats.encoder_cache_stats or stats.mm_stage_durations
                               or FRONTEND.pending or stats.mm_request_shares
-                              or stats.mm_ec_transfers):
+                              or stats.mm_ec_transfers or stats.mm_hooks_off):
         try:
             engine_idx = engine_idx or 0
+            if stats.mm_hooks_off:
+                hooks_turned_off(stats.mm_hooks_off, engine_idx)
             if stats.mm_request_shares:
                 request_times.engine_shares(stats.mm_request_shares, engine_idx)
             for stat_logger in manager.stat_loggers:
@@ -95,6 +110,41 @@ def _record(stat_logger, stats, engine_idx: int) -> None:
         stat_logger = per_engine.get(engine_idx)
     if isinstance(stat_logger, _logging_stat_logger()) and stats.encoder_cache_stats:
         _to_hit_rate_window(stat_logger, stats.encoder_cache_stats)
+
+
+def hooks_turned_off(off: dict[str, str], engine_idx: int | None) -> None:
+    """Hooks turned off in an engine's processes (None: in this one): `vllm:mmscope_hook_off`
+    says which, what they fed is withdrawn, the stats line says the encoder-cache figures are
+    off and why."""
+    known = HOOKS_OFF.setdefault(engine_idx, {})
+    new = {name: why for name, why in off.items() if name not in known}
+    if not new:
+        return
+    known.update(new)
+    for prom in list(_prom.values()):
+        _withdraw(prom, new, engine_idx)
+
+
+def _withdraw(prom, off: dict[str, str], engine_idx: int | None) -> None:
+    for name in off:
+        prom.hook_off(name, engine_idx)
+        if ROWS.get(name, ("",))[0] == TTFT_PARTS:
+            for histograms in request_times.HISTOGRAMS:
+                histograms.withdraw(engine_idx)
+
+
+def _local_hook_off(hook) -> None:
+    """A hook of this process turned itself off (patching.TURNED_OFF's listener)."""
+    hooks_turned_off({hook.name: hook.detail}, None)
+
+
+def accounting_off(engine_idx: int) -> tuple[str, str] | None:
+    """(hook, why) of an accounting hook turned off for the engine, or None."""
+    for idx in (engine_idx, None):
+        for name, why in HOOKS_OFF.get(idx, {}).items():
+            if ROWS.get(name, ("",))[0] == ACCOUNTING:
+                return name, why
+    return None
 
 
 @functools.cache
@@ -163,10 +213,15 @@ class EncoderHitRateFilter(logging.Filter):
         stat_logger = getattr(_logging_now, "logger", None)
         if stat_logger is None or not isinstance(record.msg, str) or self.MARKER not in record.msg:
             return True
+        args = tuple(record.args or ())
+        off = accounting_off(getattr(stat_logger, "engine_index", 0))
+        if off is not None:  # figures of a dead hook are no zeros: say why there are none
+            record.msg += ", Encoder cache figures: off (mmscope hook %s turned itself off %s)"
+            record.args = args + off
+            return True
         window = _windows.get(stat_logger)
         if window is None:
             return True
-        args = tuple(record.args or ())
         if not window.hits.empty:
             record.msg += ", Encoder cache hit rate: %.1f%%"
             args += (window.hits.hit_rate * 100,)
@@ -181,13 +236,19 @@ class EncoderHitRateFilter(logging.Filter):
 
 
 def install_log_filter() -> None:
+    """The stats line's filter, and the listener that says where hooks of this process turned
+    off."""
     target = logging.getLogger("vllm.v1.metrics.loggers")
     if not any(isinstance(f, EncoderHitRateFilter) for f in target.filters):
         target.addFilter(EncoderHitRateFilter())
+    if _local_hook_off not in TURNED_OFF.listeners:
+        TURNED_OFF.listeners.append(_local_hook_off)
 
 
 def remove_log_filter() -> None:
     target = logging.getLogger("vllm.v1.metrics.loggers")
     for f in [f for f in target.filters if isinstance(f, EncoderHitRateFilter)]:
         target.removeFilter(f)
+    if _local_hook_off in TURNED_OFF.listeners:
+        TURNED_OFF.listeners.remove(_local_hook_off)
 
