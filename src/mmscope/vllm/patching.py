@@ -171,16 +171,28 @@ def binding(raw, params: tuple[str, ...], strip_first: bool) -> tuple[tuple, ...
 
 
 def bound(hook: Hook, wrapper, spec: tuple) -> Callable:
-    """The wrapt wrapper that calls `wrapper(hook, wrapped, instance, args, kwargs, *params)`."""
+    """The wrapt wrapper that calls `wrapper(hook, wrapped, instance, args, kwargs, *params)`.
+
+    It runs on every hooked call of vLLM's, so it is compiled once per row with one expression per
+    param (as dataclasses and namedtuple compile their methods): a loop over the binding at each
+    call would double the cost of the wrapt call itself."""
     if not spec:
         return functools.partial(wrapper, hook)
-
-    def call(wrapped, instance, args, kwargs):
-        n = len(args)
-        return wrapper(hook, wrapped, instance, args, kwargs, *[
-            kwargs if i == _KWARGS else args[i] if 0 <= i < n else kwargs.get(key, default)
-            for i, key, default in spec])
-    return call
+    namespace = {"wrapper": wrapper, "hook": hook}
+    params = []
+    for n, (index, keyword, default) in enumerate(spec):
+        namespace[f"default{n}"] = default
+        if index == _KWARGS:
+            params.append("kwargs")
+        elif index == _KEYWORD_ONLY:
+            params.append(f"kwargs.get({keyword!r}, default{n})")
+        else:
+            params.append(f"(args[{index}] if n > {index} else kwargs.get({keyword!r}, default{n}))")
+    exec("def call(wrapped, instance, args, kwargs):\n"
+         "    n = len(args)\n"
+         f"    return wrapper(hook, wrapped, instance, args, kwargs, {', '.join(params)})\n",
+         namespace)
+    return namespace["call"]
 
 
 class Table:
