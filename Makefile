@@ -11,11 +11,13 @@ demo: setup
 # pytest-xdist workers, each test module whole on one (its shared engine or server). Unit and
 # engine tests run apart: unit tests apply and revert hooks in their own process, which an
 # in-process engine there would then miss (vLLM loads the plugin once per process). The V2 run
-# is one long module and a few short ones: no faster on two workers.
+# is one long module and a few short ones: no faster on two workers. Last, the tests of vLLM
+# 0.34's real code, in its own environment (.venv-vllm034, tests/kit/vllm034.py).
 test: setup
 	.venv/bin/python -m pytest -q -n 2 --dist loadfile tests/unit
 	.venv/bin/python -m pytest -q -n 2 --dist loadfile tests/engine
 	MMSCOPE_TEST_RUNNER=v2 .venv/bin/python -m pytest -q -m runners tests/engine
+	.venv-vllm034/bin/python -m pytest -q tests/vllm034
 
 bench: setup
 	.venv/bin/python bench/trace_overhead.py
