@@ -50,7 +50,7 @@ def analyze(path: str, table, name_filter: str | None = None,
 
     built = frame.build(table, workers)
     try:
-        by_node, by_stage = stats.aggregate(built.sql)
+        by_node, by_stage = stats.aggregate(built.sql, table.device is not None)
         pairs = steps.step_join(built)
         step_table = steps.steps_of(built, pairs)
         return Analysis(
@@ -65,9 +65,11 @@ def analyze(path: str, table, name_filter: str | None = None,
 
 
 def profile_info(path: str, built) -> dict:
+    from mmscope.analyze import device
     from mmscope.analyze.table import MARK
 
     table = built.table
+    work = table.device
     n = len(table)
     return {"path": path, "format": table.source, "clock": table.clock, "ranges": n,
             "marks": int((table.kind == MARK).sum()),
@@ -76,7 +78,11 @@ def profile_info(path: str, built) -> dict:
                              else int((table.end_thread != table.thread).sum())),
             "threads": sum(len(p["threads"]) for p in built.processes),
             "processes": built.processes, "roles": built.roles,
-            "span_ns": int(table.end.max() - table.start.min()) if n else 0}
+            "span_ns": int(table.end.max() - table.start.min()) if n else 0,
+            "slack_ns": table.slack_ns,
+            "device": ({"available": False, "reason": table.no_device} if work is None else
+                       {"available": True, "source": work.source, "ops": len(work),
+                        "streams": device.streams(work)})}
 
 
 def write_csv(analysis: Analysis, path: str) -> None:
