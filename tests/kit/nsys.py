@@ -102,6 +102,40 @@ class NsysFile:
         self.con.execute("INSERT INTO PROCESSES (globalPid, pid, name) VALUES (?, ?, ?)",
                          (global_tid(pid, 0, self.vm), pid, name))
 
+    # --- the CUPTI tables: a runtime call, and the ops it launched (same correlationId) -------
+    def runtime(self, start: int, end: int, correlation: int, pid: int = 100,
+                tid: int | None = None, name: str = "cudaLaunchKernel") -> None:
+        self.con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, "
+            "correlationId, nameId, returnValue) VALUES (?, ?, 0, ?, ?, ?, 0)",
+            (start, end, global_tid(pid, pid if tid is None else tid, self.vm), correlation,
+             self.string(name)))
+
+    def kernel(self, start: int, end: int, correlation: int, name: str, pid: int = 100,
+               device: int = 0, stream: int = 7) -> None:
+        self.con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, "
+            "correlationId, globalPid, demangledName, shortName, registersPerThread, gridX, "
+            "gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, dynamicSharedMemory, "
+            "localMemoryPerThread, localMemoryTotal, gridId, tensorSizeMinusOneElements) "
+            "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, 32, 1, 1, 1, 128, 1, 1, 0, 0, 0, 0, 1, '')",
+            (start, end, device, stream, correlation, global_tid(pid, 0, self.vm),
+             self.string(f"void {name}<float>(float*)"), self.string(name)))
+
+    def memcpy(self, start: int, end: int, correlation: int, copy_kind: int = 1,
+               pid: int = 100, device: int = 0, stream: int = 14) -> None:
+        self.con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, end, deviceId, contextId, streamId, "
+            "correlationId, globalPid, bytes, copyKind) VALUES (?, ?, ?, 1, ?, ?, ?, 4096, ?)",
+            (start, end, device, stream, correlation, global_tid(pid, 0, self.vm), copy_kind))
+
+    def memset(self, start: int, end: int, correlation: int, pid: int = 100, device: int = 0,
+               stream: int = 7) -> None:
+        self.con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET (start, end, deviceId, contextId, streamId, "
+            "correlationId, globalPid, value, bytes) VALUES (?, ?, ?, 1, ?, ?, ?, 0, 4096)",
+            (start, end, device, stream, correlation, global_tid(pid, 0, self.vm)))
+
 
 def reserve_bytes(path, n: int) -> None:
     """Create an empty SQLite file whose pages keep `n` bytes at their end (SQLite's

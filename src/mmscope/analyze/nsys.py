@@ -1,13 +1,14 @@
 """Load the SQLite file of `nsys export --type sqlite` (or `mmscope record`) into a RangeTable.
 
 Read through DuckDB's SQLite scanner; both schema eras (text vs textId -> StringIds, with or
-without eventId); per-process domains; the session's start on the UTC clock.
+without eventId); per-process domains; the session's start on the UTC clock; the GPU work of
+the CUPTI tables (cupti.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from mmscope.analyze import sqlite_source
+from mmscope.analyze import cupti, sqlite_source
 from mmscope.analyze import table as tbl
 from mmscope.errors import UserError
 
@@ -41,7 +42,10 @@ def load(path: str, workers: int | None = None) -> tbl.RangeTable:
                 found = _read(con, path)
             finally:
                 con.close()  # DuckDB holds the last result until then: free it before the build
-        return _to_table(*found)
+        work, why = found[-1]
+        table = _to_table(*found[:-1])
+        table.device, table.no_device = work, why
+        return table
     except (duckdb.Error, UnicodeDecodeError, SystemError) as e:
         # A corrupt file breaks the SQLite reader, or hands back text that is no UTF-8 (which
         # DuckDB's numpy conversion reports as a SystemError over the UnicodeDecodeError).
@@ -64,7 +68,7 @@ def _read(con, path: str) -> tuple:
     small = (_thread_names_table(con, tables, strings), _process_names(con, tables),
              _session_clock(con, tables))
     raw = _read_events(con, name, cols, _event_types(con, tables))
-    return (raw, _Registered(strings), *small)
+    return (raw, _Registered(strings), *small, cupti.read(con, tables, strings))
 
 
 def _q(identifier: str) -> str:
