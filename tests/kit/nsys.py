@@ -5,6 +5,7 @@ columns that 2024-era exports lack (eventId, binaryData, ...), as the schema not
 """
 from __future__ import annotations
 
+import itertools
 import re
 import sqlite3
 from pathlib import Path
@@ -223,15 +224,18 @@ NESTED = (((8, 0, 1), (100, 1100), (200, 700), (800, 900), (1200, 2200)),
           ((0, 1, 1), (9100, 9200), None, None, (9300, 9600)))
 
 
-def nested_file(path, scale: int = 1) -> str:
+def nested_file(path, scale: int = 1, gpu: bool = False) -> str:
     """The API server (two hf_processor calls, one holding a hash) and a worker running the
-    steps of NESTED, each with its step_meta inside its preprocess; every time times `scale`."""
+    steps of NESTED, each with its step_meta inside its preprocess; every time times `scale`.
+    With `gpu`, each vit_forward launches a `vit_gemm` kernel and each forward a `decode_attn`
+    and a memset, each running after its launch for half the range's length."""
     from mmscope import stages
 
     def at(*times):
         return [t * scale for t in times]
 
     w = WORKER_PID
+    correlations = itertools.count(1)
     with NsysFile(path) as f:
         f.process(API_PID, "api_server")
         f.process(w, "VLLM::Worker")
@@ -247,5 +251,16 @@ def nested_file(path, scale: int = 1) -> str:
                 if inner:
                     f.range(name, *at(*inner), pid=w)
             f.range(stages.FORWARD, *at(*fwd), pid=w)
+            if gpu:
+                launches = [(vit, "vit_gemm"), (fwd, "decode_attn"), (fwd, None)]
+                for k, (span, kernel) in enumerate(l for l in launches if l[0]):
+                    corr = next(correlations)
+                    s0, s1 = at(*span)
+                    f.runtime(s0 + 1 + k, s0 + 2 + k, corr, pid=w)
+                    run = (s1 - s0) // 2
+                    if kernel:
+                        f.kernel(s1, s1 + run, corr, kernel, pid=w)
+                    else:
+                        f.memset(s1 + run, s1 + run + scale, corr, pid=w)
         f.range(stages.PREPROCESS, *at(11_100, 11_180), pid=w)  # no forward follows: no step
     return str(path)
