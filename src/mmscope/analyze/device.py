@@ -80,8 +80,8 @@ def per_range(table) -> PerRange:
         has = at >= 0
         out.owner[has & (out.owner < 0)] = at[has & (out.owner < 0)]
         own = at[has]
-        np.add.at(out.kernel_ns, own, dur[has])
-        np.add.at(out.ops, own, 1)
+        out.kernel_ns += np.bincount(own, weights=dur[has], minlength=n).astype(np.int64)
+        out.ops += np.bincount(own, minlength=n)
         if work.spans is None:
             _extend(out.first, out.last, own, work.start[has], work.end[has])
     if work.spans is not None:
@@ -95,33 +95,41 @@ def per_range(table) -> PerRange:
     return out
 
 
-def _groups(table) -> list[np.ndarray]:
-    """The rows of each nesting group of ranges (domain and kind) in row order."""
+def _groups(table) -> list[np.ndarray | None]:
+    """The rows of each nesting group of ranges (domain and kind) in row order (None: all)."""
     from mmscope.analyze.table import START_END
 
     sub = (table.domain_id.astype(np.int64) << 1) | (table.kind == START_END)
     values = np.unique(sub)
     if len(values) == 1:
-        return [np.arange(len(table))]
+        return [None]
     return [np.flatnonzero(sub == v) for v in values.tolist()]
 
 
-def _innermost(table, rows: np.ndarray, work: DeviceWork) -> np.ndarray:
-    """Per op, the innermost of these rows on its call's thread that holds the call: the last
-    range started at or before the call, or the first range up its parent chain that ends at or
-    after the call's end (-1: none)."""
+def _innermost(table, rows: np.ndarray | None, work: DeviceWork) -> np.ndarray:
+    """Per op, the innermost of these rows (None: every row) on its call's thread that holds
+    the call: the last range started at or before the call, or the first range up its parent
+    chain that ends at or after the call's end (-1: none). The ops of one call mostly lie
+    together: the call is looked up once for each run of them."""
     from mmscope.analyze.table import asof
 
-    pos = asof(work.thread, work.call_start, table.thread[rows], table.start[rows])
-    at = np.where(pos >= 0, rows[np.maximum(pos, 0)], -1)
+    head = np.ones(len(work), bool)
+    head[1:] = (work.thread[1:] != work.thread[:-1]) | (work.call_start[1:] != work.call_start[:-1])
+    heads = np.flatnonzero(head)
+    run = np.cumsum(head) - 1
+    del head
+    right = (table.thread, table.start) if rows is None else (table.thread[rows],
+                                                              table.start[rows])
+    pos = asof(work.thread[heads], work.call_start[heads], *right)
+    at = pos if rows is None else np.where(pos >= 0, rows[np.maximum(pos, 0)], -1)
+    call_end = work.call_end[heads]
     live = np.flatnonzero(at >= 0)
     while len(live):
-        r = at[live]
-        short = table.end[r] < work.call_end[live]
+        short = table.end[at[live]] < call_end[live]
         live = live[short]
         at[live] = table.parent[at[live]]
         live = live[at[live] >= 0]
-    return at
+    return at[run]
 
 
 def _extend(first, last, rows, start, end) -> None:
@@ -133,53 +141,54 @@ def _extend(first, last, rows, start, end) -> None:
 def _fold(table, out: PerRange) -> None:
     """Children into parents, deepest first: span, time and ops of a range include its
     children's."""
-    has = np.flatnonzero((out.ops > 0) | (out.first != _UNSET))
-    if len(has) == 0:
+    has = (out.ops > 0) | (out.first != _UNSET)
+    if not has.any():
         return
-    depth = table.depth[has]
-    for d in range(int(depth.max()), 0, -1):
-        rows = has[depth == d]
+    for d in range(int(table.depth[has].max()), 0, -1):
+        rows = np.flatnonzero(has & (table.depth == d))
         up = table.parent[rows]
         keep = up >= 0
         rows, up = rows[keep], up[keep]
-        np.add.at(out.kernel_ns, up, out.kernel_ns[rows])
-        np.add.at(out.ops, up, out.ops[rows])
+        n = len(table)
+        out.kernel_ns += np.bincount(up, weights=out.kernel_ns[rows], minlength=n).astype(np.int64)
+        out.ops += np.bincount(up, weights=out.ops[rows], minlength=n).astype(np.int64)
         spans = out.first[rows] != _UNSET
         _extend(out.first, out.last, up[spans], out.first[rows[spans]], out.last[rows[spans]])
-        has = np.union1d(has, up)
-        depth = table.depth[has]
+        has[up] = True
 
 
-def kernels_by_stage(table, work: DeviceWork, owner: np.ndarray, stage_of_row: np.ndarray,
+def kernels_by_stage(work: DeviceWork, owner: np.ndarray, nodes, node_of_row: np.ndarray,
                      top: int = TOP_KERNELS) -> dict[int, list[dict]]:
     """Per stage id, its `top` kernels by time: name, count, total_ns. An op counts under every
-    range that holds it (its launcher and the launcher's ancestors), as nsys' nvtx_kern_sum."""
+    range that holds it (its launcher and the launcher's ancestors), as nsys' nvtx_kern_sum:
+    under each node of its launcher's path in the stage tree (nodes: tree.Nodes)."""
+    from mmscope.analyze.tree import _unique
+
     has = owner >= 0
     if not has.any():
         return {}
     n_names = len(work.names)
-    key, inverse = np.unique(owner[has] * n_names + work.name[has], return_inverse=True)
-    dur = np.bincount(inverse, weights=(work.end - work.start)[has]).astype(np.int64)
+    key = node_of_row[owner[has]].astype(np.int64) * n_names + work.name[has]
+    groups, inverse = _unique(key, len(nodes) * n_names)
+    del key
+    total = np.bincount(inverse, weights=(work.end - work.start)[has]).astype(np.int64)
     count = np.bincount(inverse).astype(np.int64)
-    rows, name = key // n_names, key % n_names
-    parts = []
-    while len(rows):
-        parts.append((stage_of_row[rows].astype(np.int64) * n_names + name, dur, count))
-        rows = table.parent[rows]
-        keep = rows >= 0
-        rows, name, dur, count = rows[keep], name[keep], dur[keep], count[keep]
-    keys = np.concatenate([p[0] for p in parts])
-    k, inv = np.unique(keys, return_inverse=True)
-    total = np.bincount(inv, weights=np.concatenate([p[1] for p in parts])).astype(np.int64)
-    times = np.bincount(inv, weights=np.concatenate([p[2] for p in parts])).astype(np.int64)
+    node, name = groups // n_names, groups % n_names
+    sums: dict[tuple[int, int], list[int]] = {}
+    while len(node):  # up the stage tree: few (node, name) pairs, whatever the ops
+        for s_, n_, t_, c_ in zip(nodes.stage[node].tolist(), name.tolist(), total.tolist(),
+                                  count.tolist()):
+            acc = sums.setdefault((s_, n_), [0, 0])
+            acc[0] += t_
+            acc[1] += c_
+        node = nodes.parent[node]
+        keep = node >= 0
+        node, name, total, count = node[keep], name[keep], total[keep], count[keep]
     out: dict[int, list[dict]] = {}
-    order = np.lexsort((-total, k // n_names))
-    for i in order.tolist():
-        stage = int(k[i] // n_names)
+    for (stage, name_id), (t_, c_) in sorted(sums.items(), key=lambda kv: (kv[0][0], -kv[1][0])):
         got = out.setdefault(stage, [])
         if len(got) < top:
-            got.append({"name": work.names[int(k[i] % n_names)], "count": int(times[i]),
-                        "total_ns": int(total[i])})
+            got.append({"name": work.names[name_id], "count": c_, "total_ns": t_})
     return out
 
 

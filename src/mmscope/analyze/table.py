@@ -326,8 +326,11 @@ def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray, pad: int = 0):
     bits = max(int(e.max()) - t0, 1).bit_length()
     if int(g.max()).bit_length() + bits <= 62:
         high = g.astype(np.int64) << bits
-        ks, ke = s - t0, e - t0
+        ks = s - t0
         ks |= high
+        if e is s:  # keys of one time column (as-of searches): packed once
+            return ks, ks
+        ke = e - t0
         ke |= high
         return ks, ke
     # Very long profiles or very many threads: times become their ranks, which keep the order
