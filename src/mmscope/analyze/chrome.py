@@ -288,8 +288,8 @@ class _GpuWork:
     correlation and External ids count per file)."""
 
     def __init__(self):
-        self.cols: dict[str, list] = {k: [] for k in ("thread", "call_start", "call_end",
-                                                      "start", "end", "name", "stream")}
+        self.cols: dict[str, list] = {k: [] for k in ("thread", "call_start", "start", "end",
+                                                      "name", "stream")}
         self.names: dict[str, int] = {}
         self.streams: dict[str, int] = {}
         self.span_rows: dict[str, list] = {"rows": [], "first": [], "last": []}
@@ -327,9 +327,9 @@ class _GpuWork:
             call = self.calls.get(correlation)
             if call is None:
                 continue  # launched outside the trace's CPU side: no range holds it
-            thread, (call_start, call_end) = call
+            thread, (call_start, _) = call
             for (start, end), name, stream in ops:
-                for k, v in zip(c, (thread, call_start, call_end, start, end, name, stream)):
+                for k, v in zip(c, (thread, call_start, start, end, name, stream)):
                     c[k].append(v)
         for external_id, (first, last) in self.spans.items():
             row = self.rows.get(external_id)

@@ -22,13 +22,12 @@ COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 
 THREAD_BITS = 0xFFFFFF
 
 JOIN = """
-SELECT r.globalTid AS thread, r.start AS call_start, r."end" AS call_end, o.start, o."end",
-       o.name, o.stream
+SELECT r.globalTid AS thread, r.start AS call_start, o.start, o."end", o.name, o.stream
 FROM ({ops}) o
 JOIN db.{runtime} r ON r.correlationId = o.correlationId
                    AND (r.globalTid & ~{thread_bits}) = o.globalPid
 """
-OP = ('SELECT start, "end", correlationId, globalPid, CAST({name} AS BIGINT) AS name, '
+OP = ('SELECT start, "end", correlationId, globalPid, CAST({name} AS INTEGER) AS name, '
       "CAST(deviceId AS BIGINT) << 32 | streamId AS stream FROM db.{table}")
 
 

@@ -19,13 +19,12 @@ TOP_KERNELS = 5  # the kernels shown under each stage
 
 @dataclass
 class DeviceWork:
-    """Per GPU op: the launching call's thread (the range table's key), start and end; the op's
+    """Per GPU op: the launching call's thread (the range table's key) and start; the op's
     start, end, name (into `names`) and stream (into `streams`, "GPU 0 stream 7"). `spans`: a
     torch trace's device span per range row (rows, first, last), None where the ops give it."""
 
     thread: np.ndarray
     call_start: np.ndarray
-    call_end: np.ndarray
     start: np.ndarray
     end: np.ndarray
     name: np.ndarray
@@ -41,8 +40,7 @@ class DeviceWork:
 
 def from_columns(cols: dict, names: list[str], streams: list[str], source: str,
                  spans=None) -> DeviceWork:
-    as64 = {k: np.asarray(cols[k], np.int64) for k in ("thread", "call_start", "call_end",
-                                                        "start", "end")}
+    as64 = {k: np.asarray(cols[k], np.int64) for k in ("thread", "call_start", "start", "end")}
     return DeviceWork(**as64, name=np.asarray(cols["name"], np.int32),
                       stream=np.asarray(cols["stream"], np.int32), names=names,
                       streams=streams, source=source, spans=spans)
@@ -65,9 +63,10 @@ class PerRange:
 
 
 def per_range(table) -> PerRange:
-    """Each op given to the innermost range of its call's thread that holds the call (in every
-    nesting group of that thread: NVTX domains, push/pop and start/end apart), then summed up the
-    parent chains. A range ending on another thread gets none of its own (as nsys leaves it
+    """Each op given to the innermost range of its call's thread open when the call started (in
+    every nesting group of that thread: NVTX domains, push/pop and start/end apart; a range on
+    the call's thread closes after the calls made in it return), then summed up the parent
+    chains. A range ending on another thread gets none of its own (as nsys leaves it
     out), though its work still counts for the ranges around it."""
     work = table.device
     n = len(table)
@@ -107,10 +106,10 @@ def _groups(table) -> list[np.ndarray | None]:
 
 
 def _innermost(table, rows: np.ndarray | None, work: DeviceWork) -> np.ndarray:
-    """Per op, the innermost of these rows (None: every row) on its call's thread that holds
-    the call: the last range started at or before the call, or the first range up its parent
-    chain that ends at or after the call's end (-1: none). The ops of one call mostly lie
-    together: the call is looked up once for each run of them."""
+    """Per op, the innermost of these rows (None: every row) on its call's thread open at the
+    call's start: the last range started at or before it, or the first range up its parent
+    chain that ends after it (-1: none). The ops of one call mostly lie together: the call is
+    looked up once for each run of them."""
     from mmscope.analyze.table import asof
 
     head = np.ones(len(work), bool)
@@ -122,10 +121,10 @@ def _innermost(table, rows: np.ndarray | None, work: DeviceWork) -> np.ndarray:
                                                               table.start[rows])
     pos = asof(work.thread[heads], work.call_start[heads], *right)
     at = pos if rows is None else np.where(pos >= 0, rows[np.maximum(pos, 0)], -1)
-    call_end = work.call_end[heads]
+    call_start = work.call_start[heads]
     live = np.flatnonzero(at >= 0)
     while len(live):
-        short = table.end[at[live]] < call_end[live]
+        short = table.end[at[live]] <= call_start[live]
         live = live[short]
         at[live] = table.parent[at[live]]
         live = live[at[live] >= 0]
