@@ -88,6 +88,8 @@ def test_stages_carry_device_and_kernel_time_and_their_top_kernels(projected):
         {"name": "[CUDA memcpy HtoD]", "count": 1, "total_ns": 100}]
     assert stages["embed"]["kernels"] == [
         {"name": "[CUDA memcpy HtoD]", "count": 1, "total_ns": 100}]
+    # An NVTX domain's range is a stack of its own: its kernels are counted there too.
+    assert stages["attn"]["kernels"] == [{"name": "vit_gemm", "count": 1, "total_ns": 500}]
 
 
 def test_devices_and_streams_are_named_as_such(projected):

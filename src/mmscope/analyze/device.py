@@ -49,13 +49,14 @@ def from_columns(cols: dict, names: list[str], streams: list[str], source: str,
 @dataclass
 class PerRange:
     """Per table row: first and last (NONE: no device work), kernel_ns and ops, the children's
-    work included; `owner` per op: the innermost range that launched it (-1: none)."""
+    work included; `owners`, per nesting group, per op: the innermost range of that group that
+    launched it (-1: none)."""
 
     first: np.ndarray
     last: np.ndarray
     kernel_ns: np.ndarray
     ops: np.ndarray
-    owner: np.ndarray
+    owners: list[np.ndarray]
 
     @property
     def device_ns(self) -> np.ndarray:
@@ -71,13 +72,12 @@ def per_range(table) -> PerRange:
     work = table.device
     n = len(table)
     out = PerRange(first=np.full(n, _UNSET, np.int64), last=np.full(n, NONE, np.int64),
-                   kernel_ns=np.zeros(n, np.int64), ops=np.zeros(n, np.int64),
-                   owner=np.full(len(work), -1, np.int64))
+                   kernel_ns=np.zeros(n, np.int64), ops=np.zeros(n, np.int64), owners=[])
     dur = work.end - work.start
     for rows in _groups(table):
         at = _innermost(table, rows, work)
+        out.owners.append(at)
         has = at >= 0
-        out.owner[has & (out.owner < 0)] = at[has & (out.owner < 0)]
         own = at[has]
         out.kernel_ns += np.bincount(own, weights=dur[has], minlength=n).astype(np.int64)
         out.ops += np.bincount(own, minlength=n)
@@ -156,16 +156,31 @@ def _fold(table, out: PerRange) -> None:
         has[up] = True
 
 
-def kernels_by_stage(work: DeviceWork, owner: np.ndarray, nodes, node_of_row: np.ndarray,
+def kernels_by_stage(work: DeviceWork, owners: list[np.ndarray], nodes, node_of_row: np.ndarray,
                      top: int = TOP_KERNELS) -> dict[int, list[dict]]:
     """Per stage id, its `top` kernels by time: name, count, total_ns. An op counts under every
-    range that holds it (its launcher and the launcher's ancestors), as nsys' nvtx_kern_sum:
-    under each node of its launcher's path in the stage tree (nodes: tree.Nodes)."""
+    range that holds it (its launcher and the launcher's ancestors, in each nesting group), as
+    nsys' nvtx_kern_sum: under each node of its launcher's path in the stage tree (nodes:
+    tree.Nodes)."""
+    sums: dict[tuple[int, int], list[int]] = {}
+    for owner in owners:
+        _add_kernels(sums, work, owner, nodes, node_of_row)
+    out: dict[int, list[dict]] = {}
+    for (stage, name_id), (t_, c_) in sorted(sums.items(), key=lambda kv: (kv[0][0], -kv[1][0])):
+        got = out.setdefault(stage, [])
+        if len(got) < top:
+            got.append({"name": work.names[name_id], "count": c_, "total_ns": t_})
+    return out
+
+
+def _add_kernels(sums: dict, work: DeviceWork, owner: np.ndarray, nodes,
+                 node_of_row: np.ndarray) -> None:
+    """(stage, name) -> [time, count] of one nesting group's ops, up their owners' paths."""
     from mmscope.analyze.tree import _unique
 
     has = owner >= 0
     if not has.any():
-        return {}
+        return
     n_names = len(work.names)
     key = node_of_row[owner[has]].astype(np.int64) * n_names + work.name[has]
     groups, inverse = _unique(key, len(nodes) * n_names)
@@ -173,7 +188,6 @@ def kernels_by_stage(work: DeviceWork, owner: np.ndarray, nodes, node_of_row: np
     total = np.bincount(inverse, weights=(work.end - work.start)[has]).astype(np.int64)
     count = np.bincount(inverse).astype(np.int64)
     node, name = groups // n_names, groups % n_names
-    sums: dict[tuple[int, int], list[int]] = {}
     while len(node):  # up the stage tree: few (node, name) pairs, whatever the ops
         for s_, n_, t_, c_ in zip(nodes.stage[node].tolist(), name.tolist(), total.tolist(),
                                   count.tolist()):
@@ -183,12 +197,6 @@ def kernels_by_stage(work: DeviceWork, owner: np.ndarray, nodes, node_of_row: np
         node = nodes.parent[node]
         keep = node >= 0
         node, name, total, count = node[keep], name[keep], total[keep], count[keep]
-    out: dict[int, list[dict]] = {}
-    for (stage, name_id), (t_, c_) in sorted(sums.items(), key=lambda kv: (kv[0][0], -kv[1][0])):
-        got = out.setdefault(stage, [])
-        if len(got) < top:
-            got.append({"name": work.names[name_id], "count": c_, "total_ns": t_})
-    return out
 
 
 def streams(work: DeviceWork) -> list[dict]:

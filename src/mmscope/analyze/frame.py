@@ -53,7 +53,7 @@ def build(table: RangeTable, workers: int | None = None) -> Frame:
     if table.device is not None:
         got = device.per_range(table)
         ranges.update(device_ns=got.device_ns, kernel_ns=got.kernel_ns)
-        kernels = device.kernels_by_stage(table.device, got.owner, nodes, nodes.of_row)
+        kernels = device.kernels_by_stage(table.device, got.owners, nodes, nodes.of_row)
     sql.register("ranges", ranges)
     return Frame(table=table, sql=sql, stages=stage_list, stage_of_name=stage_of_name,
                  processes=procs, roles=roles, nodes=nodes, ranges=ranges, kernels=kernels)
