@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmscope.analyze import device
+from mmscope.analyze import device, sql
 
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 MEMSET = -1000  # the name code of a memset; a memcpy's is -1 - its copy kind
@@ -42,8 +42,7 @@ def read(con, tables: set[str], strings: dict[int, str]):
     if RUNTIME not in tables or not kinds:
         return None, NO_CUDA
     ops = " UNION ALL ".join(OP.format(name=OPS[t], table=t) for t in kinds)
-    got = con.execute(JOIN.format(ops=ops, runtime=RUNTIME, thread_bits=THREAD_BITS)).fetchnumpy()
-    cols = {k: np.asarray(v) for k, v in got.items()}
+    cols = sql.columns(con, JOIN.format(ops=ops, runtime=RUNTIME, thread_bits=THREAD_BITS))
     if len(cols["start"]) == 0:
         return None, RECORDED if _recorded(con, tables) else NO_CUDA
     name_codes, cols["name"] = np.unique(cols["name"], return_inverse=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmscope.analyze import cupti, sqlite_source
+from mmscope.analyze import cupti, sql, sqlite_source
 from mmscope.analyze import table as tbl
 from mmscope.errors import UserError
 
@@ -95,9 +95,8 @@ def _read_events(con, name: str, cols: set[str], types: dict[int, str]) -> dict:
         "domain": column("domainId", "CAST(coalesce(domainId, 0) AS INTEGER)", "0"),
         "crosses": column("endGlobalTid", "coalesce(endGlobalTid != globalTid, false)", "false"),
         "has_text": column("text", "text IS NOT NULL", "false")}
-    got = con.execute(f"SELECT {', '.join(f'{e} AS {_q(k)}' for k, e in exprs.items())} "
-                      f"FROM db.{_q(name)}").fetchnumpy()
-    out = {k: np.asarray(got.pop(k)) for k in exprs}
+    out = sql.columns(con, f"SELECT {', '.join(f'{e} AS {_q(k)}' for k, e in exprs.items())} "
+                           f"FROM db.{_q(name)}")
     out["text_code"], out["texts"] = _text_codes(con, name, out.pop("has_text"))
     out["end_thread"] = _end_threads(con, name, out["thread"], out.pop("crosses"))
     return out
