@@ -1,8 +1,9 @@
 """Benchmark of `mmscope analyze` on a large nsys-schema SQLite file (docs/design.md §8).
 
-Generates N NVTX rows (cached in /tmp) and times, side by side in one run, each in a fresh process:
-the floors (SQLite's own `SELECT count(*), sum(end-start)`, DuckDB's `count(*)` over its SQLite
-scanner, DuckDB reading the analyzer's columns without handing a row to Python), the whole
+Generates N NVTX rows and the CUPTI tables of their GPU work (cached in /tmp) and times, side by
+side in one run, each in a fresh process: the floors (SQLite's own `SELECT count(*),
+sum(end-start)`, DuckDB's `count(*)` over its SQLite scanner, DuckDB reading the analyzer's NVTX
+columns and joining its CUPTI columns without handing a row to Python), the whole
 `mmscope analyze FILE --json` (first run with an empty analysis cache, second run answered from
 it, and --no-cache), its phases one by one, and a peer tool's NVTX summary of the same file, first
 run, second run and direct mode (nsys-ai from PyPI, in its own virtual environment under /tmp,
