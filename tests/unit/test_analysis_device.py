@@ -203,3 +203,32 @@ def test_a_torch_traces_rounding_is_tolerated_and_no_more(tmp_path):
     parent = {table.name_of(i): table.parent[i] for i in range(len(table))}
     assert table.name_of(parent["inner"]) == "step"
     assert parent["crossing"] == -1 and len(table.crossing) == 1
+
+
+def test_terminal_and_csv_show_device_beside_host_time(projected, tmp_path):
+    import csv
+    import io
+
+    from rich.console import Console
+
+    from mmscope.analyze.report import print_terminal, write_csv
+
+    _, _, analysis = projected
+    out = io.StringIO()
+    print_terminal(analysis, Console(file=out, width=250), flat=True)
+    text = out.getvalue()
+    assert "device time: 8 GPU ops (nsys CUPTI) on GPU 0 stream 7 5 ops" in text
+    header = next(line for line in text.splitlines() if "stage" in line and "total" in line)
+    assert header.index("self") < header.index("device") < header.index("kernels") < header.index("mean")
+    write_csv(analysis, str(tmp_path / "s.csv"))
+    rows = {r["name"]: r for r in csv.DictReader((tmp_path / "s.csv").open())}
+    assert (rows["forward"]["device_ns"], rows["forward"]["kernel_ns"]) == ("2800", "2550")
+
+    plain = F.pipeline_file(tmp_path / "p.sqlite")
+    analysis = analyze(plain, load(plain))
+    out = io.StringIO()
+    print_terminal(analysis, Console(file=out, width=250))
+    assert out.getvalue().count("device time: none (no CUDA trace in the export") == 1
+    assert "kernels" not in out.getvalue()
+    write_csv(analysis, str(tmp_path / "p.csv"))
+    assert all(r["device_ns"] == "" for r in csv.DictReader((tmp_path / "p.csv").open()))
