@@ -1,7 +1,8 @@
 """Load a Chrome trace-event file (mmscope's `chrome` backend, torch profiler) into a RangeTable.
 
-X and B/E events become ranges, instants marks (gzip, bare lists too); each file's clock is
-known (torch: its UTC base time; mmscope: CLOCK_MONOTONIC) and a folder is read on one clock.
+X and B/E events become ranges, instants marks (gzip, bare lists too); a torch profiler trace's
+ranges are its annotations, its GPU ops and their launching calls its device side; each file's
+clock is known (torch: its UTC base time; mmscope: CLOCK_MONOTONIC), a folder read on one clock.
 """
 from __future__ import annotations
 
