@@ -60,7 +60,7 @@ def clock_of(doc, events: list) -> Clock:
     for ev in events:
         if ev.get("ph") != "M" or ev.get("name") not in ("clock", "trace_end"):
             continue
-        args = ev.get("args") or {}
+        args = _args(ev)
         if args.get("clock") == MONOTONIC:
             offset = args.get("wall_minus_clock_ns")
             return Clock(MONOTONIC, offset if isinstance(offset, int) else None)
@@ -221,7 +221,7 @@ class _Builder:
             return True
         if ph != "X":
             return False
-        args = ev.get("args") or {}
+        args = _args(ev)
         if cat in GPU_OPS:
             self.gpu.op(ev, args, self.span(ev))
         elif cat in LAUNCHES:
@@ -249,7 +249,7 @@ class _Builder:
         c["kind"].append(kind)
         c["thread"].append(self.thread(ev))
         if self.kineto:
-            self.gpu.annotation((ev.get("args") or {}).get("External id"), len(c["start"]) - 1)
+            self.gpu.annotation(_args(ev).get("External id"), len(c["start"]) - 1)
         return len(c["start"]) - 1
 
     def thread(self, ev: dict) -> int:
@@ -265,13 +265,18 @@ class _Builder:
         return found
 
     def metadata(self, ev: dict) -> None:
-        name = (ev.get("args") or {}).get("name")
+        name = _args(ev).get("name")
         if not isinstance(name, str):
             return
         if ev.get("name") == "thread_name":
             self.thread_names[self.thread(ev)] = name
         elif ev.get("name") == "process_name":
             self.process_names[self.key("pid", ev.get("pid", 0))] = name
+
+
+def _args(ev: dict) -> dict:
+    args = ev.get("args")
+    return args if isinstance(args, dict) else {}
 
 
 def _slack_ns(whole_us: bool, latest_us: float) -> int:
