@@ -124,7 +124,7 @@ function hostDevice(holder, stages) {
   const big = s => Math.max(s.total_ns, s.device_ns);
   const rows = stages.filter(s => big(s) > 0).sort((a, b) => big(b) - big(a)).slice(0, 15);
   if (!rows.length) return;
-  const top = big(rows[0]) || 1, scale = ns => Math.max(760 * ns / top, 0.5);
+  const top = big(rows[0]) || 1, scale = ns => Math.max(620 * ns / top, 0.5);
   const svg = el("svg", {width: 1200, height: rows.length * 30 + 4, class: "hostdev"}, holder);
   rows.forEach((s, i) => {
     const g = el("g", {class: "hostdev-bar", "data-stage": s.name, "data-host-ns": s.total_ns,
