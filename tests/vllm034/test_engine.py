@@ -6,9 +6,7 @@ CPUs without Triton); the server of this session's runner answers an image chat 
 /metrics."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from collections import defaultdict
 
@@ -16,7 +14,7 @@ import pytest
 
 from mmscope import stages
 
-from tests.kit import vllm034
+from tests.kit import traces, vllm034
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +42,7 @@ def test_greedy_tokens_equal_vllm_032s_and_mmscope_counts_and_times_them(
     assert samples[stages.VIT_FORWARD] >= 1
     assert samples[stages.GATHER_MM_EMBEDDINGS] >= 1 and samples[stages.EMBED_INPUT_IDS] >= 1
     # the step's ranges opened at the runner's calls, step_meta before each forward
-    done = subprocess.run([sys.executable, "-m", "mmscope.cli", "analyze", "--json",
-                           "--no-cache", str(tmp_path)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
-    assert all(c["ok"] for c in doc["checks"]), doc["checks"]
-    assert doc["steps"]["pairs"] == doc["steps"]["forwards"] > 0
-    names = {s["name"] for s in doc["stages"]}
+    names = traces.analyzed_stages(tmp_path)
     assert {stages.PREPROCESS, stages.FORWARD, stages.SAMPLE, stages.BOOKKEEP,
             stages.VIT_FORWARD, stages.GATHER_MM_EMBEDDINGS, stages.EMBED_INPUT_IDS} <= names
 
