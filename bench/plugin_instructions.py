@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BARE = "without mmscope"
 TRACING_OFF = "mmscope, tracing off"
 EVERY_RANGE = "mmscope, every range on (chrome)"
+WITHOUT = "tracing off, without "  # --each-hook: the whole plugin less one hook
 # Under Valgrind a batch takes a hundred times longer, so the 1 s emission timer would fire a
 # hundred times more often than in real time; with it set beyond a batch, each batch sends its
 # counts as it would in real time: at its first step (instrument() starts the timer
@@ -106,8 +107,24 @@ def apply(instrumentor, name: str, trace_dir: str) -> None:
     instrumentor.instrument()
     instrumentor.uninstrument()
     tracing.configure("chrome" if name == EVERY_RANGE else "off", trace_dir)
+    if name.startswith(WITHOUT):
+        os.environ["MMSCOPE_SKIP_HOOKS"] = name.removeprefix(WITHOUT)
     if name != BARE:
         instrumentor.instrument()
+    os.environ.pop("MMSCOPE_SKIP_HOOKS", None)
+
+
+def hooks_at_work(instrumentor, llm, params, batch_no: int, requests: int) -> list[str]:
+    """--each-hook: the rows that may do something in this engine: of its worker's runner or of
+    none, applied at start, and still applied after a batch (a row that retires itself in-process
+    costs nothing a step)."""
+    from mmscope.vllm import runners
+    from mmscope.vllm.patching import Status, When
+
+    llm.generate(workload_batch(batch_no, requests), params, use_tqdm=False)
+    runner = runners.runner_of(llm.llm_engine.model_executor.driver_worker.worker.model_runner)
+    return [h.name for h in instrumentor.table if h.status is Status.APPLIED
+            and h.when is When.START and runners.applies(h, runner)]
 
 
 def fail(message: str) -> None:
@@ -148,7 +165,7 @@ def child(args) -> None:
     # Valgrind. Its work is counted instead by one flush at the end of each counted batch.
     chrome.FLUSH_INTERVAL_S = EMISSION_TIMER_S
     instrumentor = get_instrumentor()
-    names = [BARE, TRACING_OFF] + ([] if args.no_chrome else [EVERY_RANGE])
+    names = [BARE, TRACING_OFF] + ([] if args.no_chrome or args.each_hook else [EVERY_RANGE])
     batch_no = 0
     with tempfile.TemporaryDirectory() as trace_dir:
         for n in args.max_tokens:
@@ -157,6 +174,11 @@ def child(args) -> None:
             # One full batch uncounted: the first one at a length allocates what later ones reuse.
             batch_no += 1
             llm.generate(workload_batch(batch_no, args.requests), params, use_tqdm=False)
+            if args.each_hook:
+                batch_no += 1
+                names = [BARE, TRACING_OFF] + [
+                    WITHOUT + h for h in hooks_at_work(instrumentor, llm, params, batch_no,
+                                                       args.requests)]
             for pair in range(args.pairs):
                 # Rotated each pair: no configuration always runs first or after the same one.
                 for name in names[pair % len(names):] + names[:pair % len(names)]:
@@ -206,6 +228,7 @@ def count(args, out_dir: str, otlp_endpoint: str | None) -> None:
            "--settle", str(args.settle), "--runner", args.runner,
            "--max-tokens", ",".join(map(str, args.max_tokens))]
     cmd += ["--no-chrome"] if args.no_chrome else []
+    cmd += ["--each-hook"] if args.each_hook else []
     cmd += ["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else []
     # Passive OpenMP threads sleep instead of spinning: a spin loop's instruction count depends
     # on timing, and Valgrind runs one thread at a time. VLLM_CPU_KVCACHE_SPACE as in the tests.
@@ -293,7 +316,7 @@ def report(counts, requests: int, where: str, runner: str) -> None:
     for n in sorted({m for m, _, _ in counts}):
         pairs = sorted({p for m, p, _ in counts if m == n})
         names = [BARE] + [name for name in dict.fromkeys(c for m, _, c in counts if m == n)
-                          if name != BARE]
+                          if name != BARE and not name.startswith(WITHOUT)]
         print(f"== {engine_label(runner)}: {n} tokens a request, {requests} image requests "
               f"a batch, {len(pairs)} batches per configuration")
         for what, measure in measures:
@@ -317,6 +340,28 @@ def report(counts, requests: int, where: str, runner: str) -> None:
                     if STEPS.get(n):
                         line += f", {added / STEPS[n] / 1e3:+.1f} K a step ({STEPS[n]} steps)"
                 print(line)
+        each_hook(counts, n, pairs, requests)
+
+
+def each_hook(counts, n: int, pairs: list[int], requests: int) -> None:
+    """--each-hook: what each hook costs, as the whole plugin less the plugin without it."""
+    rows = sorted({c.removeprefix(WITHOUT) for m, _, c in counts if m == n and c.startswith(WITHOUT)})
+    if not rows:
+        return
+    print("what each hook costs (the plugin, tracing off, less the plugin without the hook), "
+          "instructions:")
+    found = []
+    for hook in rows:
+        added = [counts[(n, p, TRACING_OFF)]["Ir"] - counts[(n, p, WITHOUT + hook)]["Ir"]
+                 for p in pairs if (n, p, WITHOUT + hook) in counts]
+        bare = statistics.median(counts[(n, p, BARE)]["Ir"] for p in pairs)
+        found.append((statistics.median(added), hook, bare))
+    for added, hook, bare in sorted(found, reverse=True):
+        line = f"  {hook:42} {added / 1e6:+7.2f} M  {added / bare * 100:+6.2f}%"
+        line += f"  {added / requests / 1e3:+7.1f} K a request"
+        if STEPS.get(n):
+            line += f", {added / STEPS[n] / 1e3:+7.1f} K a step"
+        print(line)
 
 
 def main() -> None:
@@ -333,6 +378,9 @@ def main() -> None:
     ap.add_argument("--cache-sim", action="store_true",
                     help="also simulate the caches and report the cycle estimate (about 2x slower)")
     ap.add_argument("--no-chrome", action="store_true", help="leave out every range on (chrome)")
+    ap.add_argument("--each-hook", action="store_true",
+                    help="also count the plugin without each of its hooks at work in turn (one "
+                         "batch each): what each hook costs; implies --no-chrome")
     ap.add_argument("--otlp", action="store_true",
                     help="the engine traces requests to an OTLP receiver on loopback (vLLM's "
                          "--otlp-traces-endpoint): every configuration pays vLLM's tracing")
