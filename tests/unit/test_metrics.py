@@ -256,8 +256,9 @@ def test_stage_durations_of_both_processes_reach_the_histogram(vllm_config, metr
         for smp in family.samples:
             if smp.name == "vllm:mm_stage_duration_seconds_count":
                 counts[smp.labels["stage"]] = smp.value
-    # every timed stage is there from the start (at 0), the two fed count their durations
-    assert counts == {**{stage: 0 for stage in stages.TIMED_STAGES},
+    # every timed stage is there from the start (at 0), the media stages of the model's
+    # modalities too; the two fed count their durations
+    assert counts == {**{stage: 0 for stage in stages.TIMED_STAGES + stages.media_stages(["image"])},
                       "mm:hash:pil_image": 1, "gpu_model_runner: vit_forward": 2}
     assert not FRONTEND.pending
 
