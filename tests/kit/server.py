@@ -8,6 +8,9 @@ import io
 import os
 import tempfile
 
+import re
+import time
+
 import httpx
 
 from mmscope.expose import readout
@@ -93,3 +96,21 @@ def histograms(url: str, *names: str) -> dict[str, float]:
     """/metrics counters and gauges, and the samples of the named histograms."""
     return readout.from_prometheus_text(httpx.get(f"{url}/metrics", timeout=30).text,
                                         histograms=names)
+
+
+PROBE = re.compile(r"mm_ttft_probe req=(\S+) encoder_cache=(hit|miss) (.*)$")
+
+
+def probe_lines(srv, ids: set[str], timeout_s: float = 15) -> dict[str, tuple[str, dict]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = {}
+        for line in srv.log_text().splitlines():
+            m = PROBE.search(line)
+            if m and m[1] in ids:
+                assert m[1] not in found, f"two probe lines for {m[1]}"
+                values = dict(kv.split("=") for kv in m[3].split())
+                found[m[1]] = (m[2], {k: float(v) for k, v in values.items()})
+        if len(found) == len(ids) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
