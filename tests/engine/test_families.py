@@ -10,7 +10,7 @@ import time
 import pytest
 
 from mmscope import stages
-from mmscope.demo import tiny_model
+from mmscope.demo import media, tiny_model
 from mmscope.emit import tracing
 from tests.kit import otlp, traces as tk
 from tests.kit.engine import EncoderWork, counters, offline_llm
@@ -226,6 +226,44 @@ def test_image_and_video_in_one_request(family):
     hashes = sorted(r.name for r in rs if r.name.startswith(stages.HASH_PREFIX))
     assert hashes == sorted([stages.hash_range("pil_image")]
                             + [stages.hash_range(HASH_BRANCH["video"])] * 2)
+
+
+def wav_base64(i: int) -> str:
+    import base64
+    import io
+
+    import soundfile
+
+    samples, rate = media.audio(i)
+    buf = io.BytesIO()
+    soundfile.write(buf, samples, rate, format="WAV")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+MEDIA_PARTS = {  # an OpenAI chat part per modality, its bytes inline as clients send them
+    "video": lambda i: {"type": "video_url", "video_url": {"url": video_data_url(i)}},
+    "audio": lambda i: {"type": "input_audio", "input_audio": {"data": wav_base64(i),
+                                                                "format": "wav"}},
+}
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_audio"], indirect=True)
+def test_a_video_and_an_audio_by_url_have_their_fetch_and_decode_stages(family):
+    """A chat's mp4 video and wav audio (data URLs, decoded by vLLM's media IO on this
+    thread): each a fetch (its base64 decode) then a decode range of its modality."""
+    from vllm import SamplingParams
+
+    arch, _, llm, trace_dir, _ = family
+    modality = "video" if arch == "qwen2_5_vl" else "audio"
+    t0 = now_us()
+    llm.chat([{"role": "user", "content": [MEDIA_PARTS[modality](900),
+                                           {"type": "text", "text": "What is it?"}]}],
+             SamplingParams(max_tokens=1), use_tqdm=False)
+    rs = ranges_since(trace_dir, t0)
+    fetch = tk.named(rs, stages.media_range("fetch", "data_url", modality))
+    decode = tk.named(rs, stages.media_range("decode", "data_url", modality))
+    assert len(fetch) == len(decode) == 1
+    assert fetch[0].end <= decode[0].start
 
 
 def test_a_server_counts_a_chat_video(tmp_path_factory, tmp_path, otlp_receiver):
