@@ -5,7 +5,6 @@ and URLs the server cannot use are failed fetches that lose nothing else."""
 from __future__ import annotations
 
 import base64
-import io
 import socket
 
 import httpx
@@ -15,8 +14,7 @@ from mmscope import stages
 from mmscope.load.media_server import MediaServer
 from tests.kit import otlp, traces
 from tests.kit import server as ks
-from tests.kit.engine import image
-from tests.kit.server import probe_lines
+from tests.kit.server import png, probe_lines
 
 pytestmark = pytest.mark.vllm
 
@@ -27,12 +25,6 @@ FETCH_HTTP = stages.media_range("fetch", "http", "image")
 DECODE_HTTP = stages.media_range("decode", "http", "image")
 FETCH_DATA = stages.media_range("fetch", "data_url", "image")
 DECODE_DATA = stages.media_range("decode", "data_url", "image")
-
-
-def png(i: int) -> bytes:
-    buf = io.BytesIO()
-    image(i).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ fills the encoder cache past its capacity.
 """
 from __future__ import annotations
 
-import base64
 import json
 import math
 import os
@@ -23,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mmscope import stages
 from tests.kit.prometheus import JOB, Prometheus, check_metrics
-from tests.kit.server import chat, data_url, metrics
+from tests.kit.server import chat, metrics, png
 
 pytestmark = pytest.mark.vllm
 
@@ -309,8 +308,7 @@ MEDIA_SOURCES = ("http", "data_url", "file")
 
 def sent_bytes(workload) -> int:
     """The images' bytes as the server fetched them: their data URLs' base64 decoded."""
-    return sum(len(base64.b64decode(data_url(i).partition(",")[2]))
-               for images, _ in workload for i in images)
+    return sum(len(png(i)) for images, _ in workload for i in images)
 
 
 def counter_total(page: str, name: str) -> float:

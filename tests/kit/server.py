@@ -18,10 +18,16 @@ from tests.kit.engine import image
 
 
 @functools.lru_cache(maxsize=256)
-def data_url(i: int) -> str:
+def png(i: int) -> bytes:
+    """Image i's PNG file, as a client would upload or link it."""
     buf = io.BytesIO()
     image(i).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=256)
+def data_url(i: int) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(i)).decode()
 
 
 def video_data_url(i: int, frames: int = 4, size=(56, 56), fps: float = 2.0) -> str:

@@ -91,15 +91,12 @@ def busy_level() -> LevelResult:
 
 # The server's media counts over the level: six data URLs fetched in 12 ms and decoded in 18 ms
 # in all, 6000 bytes, three of them already in the processor cache (4.5 ms of it).
-M, S = "mm:media:fetch:data_url:image", "mm:media:decode:data_url:image"
-SERVER_MEDIA = {
-    f"{series.STAGES}_sum{{stage={M}}}": 0.012, f"{series.STAGES}_count{{stage={M}}}": 6,
-    f"{series.STAGES}_sum{{stage={S}}}": 0.018, f"{series.STAGES}_count{{stage={S}}}": 6,
-    f"{series.MEDIA_BYTES}{{modality=image,source=data_url}}": 6000,
-    f"{series.MEDIA_REDUNDANT}{{modality=image,source=data_url}}": 3,
-    f"{series.MEDIA_REDUNDANT_S}{{modality=image,source=data_url}}": 0.0045,
-    f"{series.MEDIA_FAILED}{{modality=image,source=data_url,step=fetch}}": 0,
-}
+SERVER_MEDIA = {f"{series.STAGES}_{kind}{{stage=mm:media:{step}:data_url:image}}": value
+                for step, total in (("fetch", 0.012), ("decode", 0.018))
+                for kind, value in (("sum", total), ("count", 6))}
+SERVER_MEDIA.update({f"{key}{{modality=image,source=data_url}}": value for key, value in (
+    (series.MEDIA_BYTES, 6000), (series.MEDIA_REDUNDANT, 3), (series.MEDIA_REDUNDANT_S, 0.0045))})
+SERVER_MEDIA[f"{series.MEDIA_FAILED}{{modality=image,source=data_url,step=fetch}}"] = 0
 BUSY_MEDIA = {"by_source": {"data_url": {
     "requests": 6, "items": 6, "fetch_ms": {"mean": 2.0, "total": 12.0},
     "decode_ms": {"mean": 3.0, "total": 18.0}, "bytes": 6000, "failed": 0,

@@ -3,26 +3,18 @@ server is the `mm:media:fetch` stage and the request's `media` part, the parts a
 TTFT, and 0.34's own render duration holds the media and processor parts."""
 from __future__ import annotations
 
-import io
 
 import pytest
 
 from mmscope import stages
 from mmscope.load.media_server import MediaServer
 from tests.kit import server as ks
+from tests.kit.server import png
 
 DELAY_S = 0.3
 STAGE, PARTS, RENDER = ("mm_stage_duration_seconds", "request_ttft_part_seconds",
                         "request_render_duration_seconds")
 FETCH = stages.media_range("fetch", "http", "image")
-
-
-def png(i: int) -> bytes:
-    from mmscope.demo.media import image
-
-    buf = io.BytesIO()
-    image(i).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
