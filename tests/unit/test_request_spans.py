@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mmscope import stages
 from mmscope.carry import request_facts as rf, ttft
 from mmscope.carry.ledger import Decision, Item
 from mmscope.carry.span_join import HELD, HOLD_S, SpanJoin

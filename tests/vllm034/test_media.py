@@ -3,7 +3,6 @@ server is the `mm:media:fetch` stage and the request's `media` part, the parts a
 TTFT, and 0.34's own render duration holds the media and processor parts."""
 from __future__ import annotations
 
-
 import pytest
 
 from mmscope import stages
