@@ -1,8 +1,12 @@
-# The two entry points of the README: `make demo` and `make test`. Both set up .venv first.
-.PHONY: setup demo test bench
+# The two entry points of the README: `make demo` and `make test`. Both set up .venv first; the
+# tests also .venv-vllm034, vLLM 0.34's own code for tests/vllm034.
+.PHONY: setup setup-tests demo test bench
 
 setup:
 	@bash scripts/setup.sh
+
+setup-tests:
+	@bash scripts/setup.sh --tests
 
 demo: setup
 	.venv/bin/mmscope demo
@@ -13,7 +17,7 @@ demo: setup
 # in-process engine there would then miss (vLLM loads the plugin once per process). The V2 run
 # is one long module and a few short ones: no faster on two workers. Last, the tests of vLLM
 # 0.34's real code, in its own environment (.venv-vllm034, tests/kit/vllm034.py).
-test: setup
+test: setup-tests
 	.venv/bin/python -m pytest -q -n 2 --dist loadfile tests/unit
 	.venv/bin/python -m pytest -q -n 2 --dist loadfile tests/engine
 	MMSCOPE_TEST_RUNNER=v2 .venv/bin/python -m pytest -q -m runners tests/engine

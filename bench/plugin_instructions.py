@@ -18,6 +18,9 @@ spans (the tracer provider's force_flush), as the chrome traces are flushed.
 --runner v2 counts vLLM's Model Runner V2, run on this CPU through Triton's interpreter (the test
 suite's start-up, tests/data/runner_v2): its kernels, interpreted in Python, inflate the bare batch,
 so read V2's cost from the instructions added per request and per step.
+Under .venv-vllm034 (vLLM 0.34's own code, the suite's second environment) the engine is 0.34's:
+--runner v2 (its x86 runner, through Triton's interpreter) or standalone (its runner for CPUs
+without Triton, compiled ops only: the figure to read for 0.34), on tests/data/vllm034's start-up.
 Needs Valgrind (Debian: apt-get install valgrind) and a C compiler (bench/callgrind_mark.c marks
 the batches). Valgrind runs the engine about 130x slower: a 16-token batch takes about 25 s, a
 128-token one about 2 minutes, the engine's start about a minute.
@@ -209,11 +212,10 @@ def count(args, out_dir: str, otlp_endpoint: str | None) -> None:
     # PYTHONPATH: vLLM inspects the model class in a subprocess, which needs the tiny LLaVA's
     # imports too (environment.install() covers only this process).
     from mmscope.demo import environment
-    from tests.kit import runners
 
     pythonpath = environment.pythonpath(os.environ.get("PYTHONPATH"))
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PYTHONPATH=pythonpath)
-    env.update(runners.environment(args.runner, pythonpath))
+    env.update(runner_environment(args.runner, pythonpath))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     log_path = os.path.join(out_dir, "child.log")
     print(f"plugin_instructions: counting under Valgrind (log: {log_path})", file=sys.stderr)
@@ -231,6 +233,27 @@ def count(args, out_dir: str, otlp_endpoint: str | None) -> None:
         tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-5:]
         fail(f"the engine under Valgrind exited with {rc}; last lines of {log_path}:\n  "
              + "\n  ".join(tail))
+
+
+def runner_environment(runner: str, pythonpath: str) -> dict[str, str]:
+    """What makes the engine under Valgrind run `runner` on the vLLM this Python has."""
+    from tests.kit import runners, vllm034
+
+    if vllm034.missing() is None:  # vLLM 0.34 (.venv-vllm034): V2 or its standalone CPU runner
+        if runner not in vllm034.RUNNERS:
+            fail(f"vLLM 0.34 has no --runner {runner}: choose {' or '.join(vllm034.RUNNERS)}")
+        return vllm034.environment(runner, pythonpath)
+    if runner not in (runners.V1, runners.V2):
+        fail(f"--runner {runner} is vLLM 0.34's (run this script with .venv-vllm034/bin/python)")
+    return runners.environment(runner, pythonpath)
+
+
+def engine_label(runner: str) -> str:
+    import vllm
+
+    name = {"v1": "Model Runner V1", "v2": "Model Runner V2",
+            "standalone": "Model Runner V2 (standalone CPU runner)"}[runner]
+    return f"vLLM {vllm.__version__}, {name}"
 
 
 STEPS: dict[int, int] = {}  # answer length -> engine steps a batch
@@ -271,7 +294,7 @@ def report(counts, requests: int, where: str, runner: str) -> None:
         pairs = sorted({p for m, p, _ in counts if m == n})
         names = [BARE] + [name for name in dict.fromkeys(c for m, _, c in counts if m == n)
                           if name != BARE]
-        print(f"== Model Runner {runner.upper()}: {n} tokens a request, {requests} image requests "
+        print(f"== {engine_label(runner)}: {n} tokens a request, {requests} image requests "
               f"a batch, {len(pairs)} batches per configuration")
         for what, measure in measures:
             print(f"{what}: per batch, and against the bare batch of the same pair")
@@ -304,8 +327,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=answer_lengths, default=[16, 128],
                     help="answer lengths, comma-separated (default 16,128)")
     ap.add_argument("--requests", type=int, default=48)
-    ap.add_argument("--runner", choices=("v1", "v2"), default="v1",
-                    help="vLLM's model runner (default v1, vLLM CPU's own)")
+    ap.add_argument("--runner", choices=("v1", "v2", "standalone"), default=None,
+                    help="vLLM's model runner (default v1, vLLM CPU 0.32's own; standalone under "
+                         "vLLM 0.34)")
     ap.add_argument("--cache-sim", action="store_true",
                     help="also simulate the caches and report the cycle estimate (about 2x slower)")
     ap.add_argument("--no-chrome", action="store_true", help="leave out every range on (chrome)")
@@ -327,6 +351,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.pairs < 1 or args.requests < 1:
         fail("--pairs and --requests must be positive")
+    if args.runner is None:
+        sys.path.insert(0, str(ROOT))
+        from tests.kit import vllm034
+        args.runner = "standalone" if vllm034.missing() is None else "v1"
     if args.child:
         return child(args)
     if args.report:

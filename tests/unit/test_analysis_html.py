@@ -2,8 +2,8 @@
 scripts/setup.sh) opens the one file offline, runs its script, and the figures it shows (the
 icicle's nodes, self time by stage, the per-step bars, the cache section) are the JSON's.
 
-The profile is tests/kit/nsys.nested_file; the /metrics page is written by mmscope's own series
-through prometheus_client, as a server's page is.
+The profile is tests/kit/nsys.nested_file with its GPU work (CUPTI tables); the /metrics page is
+written by mmscope's own series through prometheus_client, as a server's page is.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from mmscope import stages
 from mmscope.analyze.report import fmt_ns
 from tests.kit import nsys as F
 
+VIT = stages.VIT_FORWARD
 UNITS = {"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9}
 DURATION = re.compile(r"(\d+(?:\.\d+)?) (ns|µs|ms|s)\b")
 # (request is a hit, ttft, parts in stages.TTFT_PARTS order), in seconds
@@ -100,7 +101,7 @@ def shown_as(shown: float, ns: int) -> bool:
 def report(tmp_path_factory):
     assert shutil.which("chromium"), "chromium is not on PATH (scripts/setup.sh installs it)"
     base = tmp_path_factory.mktemp("html")
-    profile = F.nested_file(base / "nested.sqlite", scale=1037)
+    profile = F.nested_file(base / "nested.sqlite", scale=1037, gpu=True)
     metrics_page(base / "metrics.txt")
     page = base / "report.html"
     common = [sys.executable, "-m", "mmscope.cli", "analyze", profile, "--no-cache",
@@ -215,3 +216,45 @@ def test_the_cache_section_shows_counters_benefit_and_ttft(report):
 def hits_p(cache, outcome, part, key) -> str:
     value = cache["ttft"][outcome]["parts"][part][key]
     return "-" if value is None else f"{value:g}"
+
+
+def test_host_and_device_time_by_stage(report):
+    _, dom, doc = report
+    stages = {s["name"]: s for s in doc["stages"]}
+    bars = dom.having("g", "hostdev-bar")
+    assert {b["attrs"]["data-stage"] for b in bars} == {
+        n for n, s in stages.items() if max(s["total_ns"], s["device_ns"]) > 0}
+    for b in bars:
+        s = stages[b["attrs"]["data-stage"]]
+        assert int(b["attrs"]["data-host-ns"]) == s["total_ns"]
+        assert int(b["attrs"]["data-device-ns"]) == s["device_ns"]
+        host, device, kernels = durations(title_of(b))
+        assert shown_as(host, s["total_ns"]) and shown_as(device, s["device_ns"])
+        assert shown_as(kernels, s["kernel_ns"])
+    vit = stages[VIT]
+    # Each vit_forward launches one kernel running half its length: 350 and 500 units.
+    assert (vit["device_ns"], vit["kernel_ns"]) == (1037 * (250 + 175), 1037 * (250 + 175))
+
+
+def test_the_kernels_under_each_stage(report):
+    _, dom, doc = report
+    shown = [(r["attrs"]["data-stage"], [c["text"] for c in r["children"]])
+             for r in dom.having("tr", "kernel")]
+    expected = [(s["name"], [s["name"], k["name"], str(k["count"]), fmt_ns(k["total_ns"])])
+                for s in doc["stages"] for k in s["kernels"]]
+    assert shown == expected
+    assert (stages.FORWARD, [stages.FORWARD, "decode_attn", "5",
+                             fmt_ns(1037 * (500 + 350 + 300 + 200 + 150))]) in shown
+    assert (stages.FORWARD, [stages.FORWARD, "[CUDA memset]", "5", fmt_ns(5 * 1037)]) in shown
+
+
+def test_each_step_shows_its_device_time(report):
+    _, dom, doc = report
+    view = doc["per_step"]
+    marks = [[c for c in g["children"] if c["attrs"].get("class") == "device"]
+             for g in dom.having("g", "step")]
+    assert [int(m["attrs"]["data-ns"]) for (m,) in marks] == view["device_ns"]
+    # The first step: its vit_forward's kernel (250) and its forward's kernel and memset.
+    assert view["device_ns"][0] == 1037 * (250 + 500 + 1)
+    for g, device_ns in zip(dom.having("g", "step"), view["device_ns"]):
+        assert f", device {fmt_ns(device_ns)}" in title_of(g)

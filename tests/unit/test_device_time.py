@@ -81,18 +81,22 @@ def test_a_sample_is_the_device_time_once_its_events_completed(stream):
 
 def test_samples_are_read_in_the_order_their_stream_ran_them(stream):
     clock = DeviceEventClock(lambda: StreamEvent(stream))
-    collector = StageCollector()
+    collector = StageCollector(step_stages=(stages.EC_LOAD, stages.VIT_FORWARD))
     collector.clock = clock
     first = clock.start()
     stream.busy(0.01)
     clock.stop(collector, stages.EC_LOAD, first)
     second = clock.start()
-    clock.stop(collector, stages.GATHER_MM_EMBEDDINGS, second)
+    clock.stop(collector, stages.VIT_FORWARD, second)
+    third = clock.start()
+    clock.stop(collector, stages.GATHER_MM_EMBEDDINGS, third)  # no request's share: no step total
     assert collector.take_step() == {}
     stream.finish()
     step = collector.take_step()
-    assert list(step) == [stages.EC_LOAD, stages.GATHER_MM_EMBEDDINGS]
+    assert list(step) == [stages.EC_LOAD, stages.VIT_FORWARD]
     assert step[stages.EC_LOAD] >= 10_000_000
+    assert list(collector.drain()) == [stages.EC_LOAD, stages.VIT_FORWARD,
+                                       stages.GATHER_MM_EMBEDDINGS]
 
 
 def test_the_worker_wrappers_sample_through_the_workers_clock(stream, monkeypatch):

@@ -55,7 +55,8 @@ def test_a_later_sitecustomize_still_runs(tmp_path):
     assert python(code, PYTHONPATH=environment.pythonpath(str(tmp_path))) == "ran\nTrue"
 
 
-def test_status_names_the_model_files_or_says_torchvision_loads():
+def test_status_names_the_model_files_or_says_torchvision_loads(monkeypatch):
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     status = environment.torchvision_status()
     if environment.torchvision_loads():
         assert status.startswith("torchvision loads")
@@ -63,6 +64,13 @@ def test_status_names_the_model_files_or_says_torchvision_loads():
         assert "vllm/model_executor/models/pixtral.py" in status
         assert "vllm/model_executor/models/qwen2_vl.py" in status
         assert environment.STARTUP_DIR in status
+
+
+def test_status_says_the_stand_ins_are_on_pythonpath_when_they_are(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", environment.pythonpath("/elsewhere"))
+    status = environment.torchvision_status()
+    if not environment.torchvision_loads():
+        assert "stand-ins are on PYTHONPATH" in status and "pixtral.py" not in status
 
 
 def reference_patchify(frames, patch, merge, temporal):

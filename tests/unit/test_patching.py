@@ -288,8 +288,10 @@ def test_doctor_checks_every_hook_against_the_installed_vllm():
     data = json.loads(doctor("--json"))
     assert data["vllm_version"].startswith("0.32") and data["version_supported"]
     assert data["entry_point"]
+    # every row of this release present; vLLM 0.34's standalone CPU runner's are not in it
     assert {h["name"]: h["status"] for h in data["hooks"]} == {
-        h["name"]: "ok" for h in data["hooks"]}
+        h["name"]: "not in this release" if h["releases"] == ">=0.34" else "ok"
+        for h in data["hooks"]}
     from mmscope.vllm import release_check
     assert [h["name"] for h in data["hooks"]] == [h.name for h in release_check.hooks()]
 
@@ -309,10 +311,11 @@ def test_doctor_names_the_model_runner_and_which_hooks_apply_to_it(forced, runne
     text = doctor(VLLM_USE_V2_MODEL_RUNNER=forced, COLUMNS="200")
     label = "Model Runner " + runner.upper()
     assert f"model runner here: {label} (VLLM_USE_V2_MODEL_RUNNER={forced})" in text
-    n, mine = len(data["hooks"]), sum(applies.values())
+    here = [h for h in data["hooks"] if h["status"] != "not in this release"]
+    n, mine = len(here), sum(h["applies"] for h in here)
     assert (f"{n} of the {n} hook targets of this release present in the installed vLLM; {mine} "
             f"of the {mine} hooks that apply to {label} ok; {n - mine} are the other runner's, "
-            "not used here") in text
+            f"not used here; {len(data['hooks']) - n} rows are for other releases") in text
     assert f"ok: all {n} hook targets of this release present" in text or "not checked" in text
     assert text.count("present; not this runner") == n - mine
 
@@ -330,8 +333,13 @@ def test_doctor_without_the_switch_names_vllms_own_choice():
 def test_every_hook_and_vllm_scope_hook_checks_ok_in_process():
     from mmscope.vllm import targets
 
+    from mmscope.vllm.instrumentor import vllm_version
+    from mmscope.vllm.patching import in_release
+
+    version = vllm_version()
     for h in targets.TABLE:
-        assert h.check() == (True, ""), (h.name, h.detail)
+        if in_release(h, version):
+            assert h.check() == (True, ""), (h.name, h.detail)
 
 
 def test_every_wrapper_takes_exactly_its_rows_params():
@@ -381,7 +389,7 @@ def test_a_plugin_wrapper_that_raises_puts_vllms_method_back(caplog):
         manager = object.__new__(StatLoggerManager)
         manager.stat_loggers = [Unweakable()]
         stats = NS(encoder_cache_stats={"queries": 1}, mm_stage_durations=None,
-                   mm_request_shares=None, mm_ec_transfers=None)
+                   mm_request_shares=None, mm_ec_transfers=None, mm_hooks_off=None)
         with caplog.at_level(logging.WARNING, logger="vllm.mmscope"):
             for _ in range(2):
                 manager.record(scheduler_stats=stats, iteration_stats=None, engine_idx=0)

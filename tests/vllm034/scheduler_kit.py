@@ -102,6 +102,7 @@ class Step:
     num_scheduled_tokens: dict[str, int]
     encoder_inputs: dict[str, list[int]]
     finished: set[str]
+    engine_outputs: dict  # update_from_output's EngineCoreOutputs by client, stats and all
 
 
 class Driver:
@@ -126,11 +127,11 @@ class Driver:
         sampled = [[] if self.scheduler.requests[r].is_prefill_chunk else [SAMPLED_TOKEN_ID]
                    for r in req_ids]
         runner_output = ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
-        self.scheduler.update_from_output(output, runner_output)
+        engine_outputs = self.scheduler.update_from_output(output, runner_output)
         return Step(output=output, num_scheduled_tokens=dict(output.num_scheduled_tokens),
                     encoder_inputs={r: list(v) for r, v in
                                     output.scheduled_encoder_inputs.items()},
-                    finished=set(output.finished_req_ids))
+                    finished=set(output.finished_req_ids), engine_outputs=engine_outputs)
 
     def run(self, max_steps: int = 100) -> list[Step]:
         """Steps while the scheduler has requests, at most `max_steps`, as the engine loop does:

@@ -10,7 +10,7 @@ import os
 import tempfile
 
 # Bumped whenever what an entry holds, or how any number in it is computed, changes.
-FORMAT = 3
+FORMAT = 4
 HEAD_BYTES = 4096  # hashed into the key: an SQLite header changes on every write transaction
 # Files beside an SQLite database that its contents depend on: a commit may sit in the -wal.
 COMPANION_SUFFIXES = ("-wal",)

@@ -78,20 +78,19 @@ def siblings_disjoint(table: RangeTable) -> dict:
 
 def ranges_nest(table: RangeTable) -> dict:
     """Ranges on a thread either contain one another or do not overlap; one that starts inside
-    another and ends after it is kept beside it, not inside (counted here). A torch profiler
-    range against its own enter and exit frames is the profiler's design, not counted."""
+    another and ends after it is kept beside it, not inside (counted here). Within the format's
+    time resolution (table.slack_ns) a range ending after its parent is its child still."""
     name = "ranges nest (none overlaps another partly)"
-    crossing = np.setdiff1d(table.crossing, table.own_overlaps)
+    crossing = table.crossing
     first = ""
     if len(crossing):
         row = int(crossing[np.argmin(table.start[crossing])])
         first = f"{where(table, row)} ends after a range it starts inside"
     positive = int(np.count_nonzero(table.end > table.start))
     result = _result(name, len(crossing), positive, first, "ranges of positive length")
-    if len(table.own_overlaps):
-        result["detail"] += (f"; {len(table.own_overlaps)} more overlap only as torch's "
-                             "record_function records (a range against the frames that open "
-                             "or close it)")
+    if table.slack_ns:
+        result["detail"] += (f" (ends up to {table.slack_ns} ns apart taken as one: the "
+                             "trace's time resolution)")
     return result
 
 

@@ -1,7 +1,8 @@
 """Load a Chrome trace-event file (mmscope's `chrome` backend, torch profiler) into a RangeTable.
 
-X and B/E events become ranges, instants marks (gzip, bare lists too); each file's clock is
-known (torch: its UTC base time; mmscope: CLOCK_MONOTONIC) and a folder is read on one clock.
+X and B/E events become ranges, instants marks (gzip, bare lists too); a torch profiler trace's
+ranges are its annotations, its GPU ops and their launching calls its device side; each file's
+clock is known (torch: its UTC base time; mmscope: CLOCK_MONOTONIC), a folder read on one clock.
 """
 from __future__ import annotations
 
@@ -9,17 +10,30 @@ import gzip
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from mmscope.analyze import table as tbl
-from mmscope.analyze import torch_frames
+from mmscope.analyze import device
 from mmscope.errors import UserError
 from mmscope.emit.chrome import read_events
 
 GZIP_MAGIC = b"\x1f\x8b"
-# The torch profiler's categories of the ranges a program names (record_function); the others
-# (python_function, cpu_op, kernel, ...) are what it records by itself: frames, not stages.
-TORCH_STAGES = (None, "user_annotation", "gpu_user_annotation")
+# A torch profiler (Kineto) trace says what each event is by its category: the ranges a program
+# named (record_function) are the stages; GPU ops, the runtime calls that launched them (joined
+# by "correlation") and each range's device span are its device side; the rest (operators,
+# Python functions, syncs, ...) is the profiler's own record, not read.
+KINETO_KEYS = ("schemaVersion", "deviceProperties", "baseTimeNanoseconds")
+# Kineto's categories (older versions capitalised them): a file with one is Kineto's.
+KINETO_CATEGORIES = frozenset(("user_annotation", "gpu_user_annotation", "cpu_op", "operator",
+                               "python_function", "kernel", "gpu_memcpy", "gpu_memset", "memcpy",
+                               "memset", "cuda_runtime", "cuda_driver", "runtime"))
+STAGE_CATEGORY = "user_annotation"
+DEVICE_SPAN = "gpu_user_annotation"
+GPU_OPS = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"))
+LAUNCHES = frozenset(("cuda_runtime", "cuda_driver", "runtime"))
 _ID_LIMIT = 1 << 24  # pid and tid each get 24 bits of the nsys-style thread key
 _INSTANTS = ("i", "I", "R")
+US_IN_NS = 1000
 
 
 def looks_like_json(head: bytes) -> bool:
@@ -46,7 +60,7 @@ def clock_of(doc, events: list) -> Clock:
     for ev in events:
         if ev.get("ph") != "M" or ev.get("name") not in ("clock", "trace_end"):
             continue
-        args = ev.get("args") or {}
+        args = _args(ev)
         if args.get("clock") == MONOTONIC:
             offset = args.get("wall_minus_clock_ns")
             return Clock(MONOTONIC, offset if isinstance(offset, int) else None)
@@ -65,22 +79,29 @@ def load_all(paths: list[str], label: str) -> tbl.RangeTable:
     states it); files on different clocks, or torch traces beside mmscope's (two recordings of
     the same steps), are refused: their alignment would be approximate and their steps counted
     twice."""
-    parsed = []
+    parsed, kineto = [], []
     for p in paths:
         doc = _parse(p)
         events = _events(p, doc)
         parsed.append((p, events, clock_of(doc, events)))
+        kineto.append(_is_kineto(doc, events))
     shifts, clock = _alignment(parsed, label)
     builder = _Builder()
     try:
-        for (_, events, file_clock), shift in zip(parsed, shifts):
-            builder.shift = shift
-            builder.torch = file_clock.domain == TORCH
+        for (_, events, _), shift, is_kineto in zip(parsed, shifts, kineto):
+            builder.begin(shift, is_kineto)
             for ev in events:
                 builder.add(ev)
-        return torch_frames.settle(builder.table(clock))
+            builder.end()
+        return builder.table(clock)
     except (TypeError, ValueError, OverflowError) as e:
         raise UserError(f"{label}: malformed trace event ({_first_line(e)})") from None
+
+
+def _is_kineto(doc, events: list) -> bool:
+    if isinstance(doc, dict) and any(k in doc for k in KINETO_KEYS):
+        return True
+    return any(str(ev.get("cat", "")).lower() in KINETO_CATEGORIES for ev in events)
 
 
 def _alignment(parsed: list, label: str) -> tuple[list[int], str]:
@@ -137,40 +158,86 @@ class _Builder:
 
     def __init__(self):
         self.names: dict[str, int] = {}
-        self.cols: dict[str, list] = {k: [] for k in ("name", "start", "end", "kind", "thread",
-                                                      "frame")}
+        self.cols: dict[str, list] = {k: [] for k in ("name", "start", "end", "kind", "thread")}
         self.ids: dict[tuple[str, object], int] = {}
         self.thread_names: dict[int, str] = {}
         self.process_names: dict[int, str] = {}
         self.open: dict[int, list[int]] = {}
+        self.gpu = _GpuWork()
         self.shift = 0  # added to this file's times (ns): its place on the profile's clock
-        self.torch = False  # a torch profiler trace: its own frames are told from the stages
+        self.kineto = False  # a torch profiler trace: stages, device side and the rest told apart
+        self.any_kineto = False
+        self.slack_ns = 0
+
+    def begin(self, shift: int, kineto: bool) -> None:
+        self.shift, self.kineto = shift, kineto
+        self.any_kineto |= kineto
+        self.whole_us, self.latest_us = True, 0.0
+        self.gpu.begin()
+
+    def end(self) -> None:
+        """The file's device side joined; its time resolution taken in."""
+        self.gpu.end()
+        if self.kineto:
+            self.slack_ns = max(self.slack_ns, _slack_ns(self.whole_us, self.latest_us))
 
     def table(self, clock: str) -> tbl.RangeTable:
         c = self.cols
-        return tbl.build(raw_names=list(self.names), name_id=c["name"], start=c["start"],
-                         end=c["end"], kind=c["kind"], thread=c["thread"],
-                         frame=c["frame"] if any(c["frame"]) else None,
-                         thread_names=self.thread_names, process_names=self.process_names,
-                         source="chrome-json", clock=clock)
+        table = tbl.build(raw_names=list(self.names), name_id=c["name"], start=c["start"],
+                          end=c["end"], kind=c["kind"], thread=c["thread"],
+                          thread_names=self.thread_names, process_names=self.process_names,
+                          source="chrome-json", clock=clock, slack_ns=self.slack_ns)
+        table.device, table.no_device = self.gpu.work(self.any_kineto)
+        return table
 
     def add(self, ev: dict) -> None:
         ph = ev.get("ph")
         if ph == "M":
             self.metadata(ev)
-        elif ph == "X" and "ts" in ev:
+            return
+        if "ts" not in ev:
+            return
+        if self.kineto and not self.kineto_stage(ev, ph):
+            return
+        if ph == "X":
             start = _ns(ev["ts"]) + self.shift
             self.row(ev, start, start + _ns(ev.get("dur", 0)), tbl.PUSH_POP)
-        elif ph == "B" and "ts" in ev:
+        elif ph == "B":
             self.open.setdefault(self.thread(ev), []).append(
                 self.row(ev, _ns(ev["ts"]) + self.shift, None, tbl.PUSH_POP))
-        elif ph == "E" and "ts" in ev:
+        elif ph == "E":
             stack = self.open.get(self.thread(ev))
             if stack:  # an E without its B (cut by the capture window) is dropped
                 self.cols["end"][stack.pop()] = _ns(ev["ts"]) + self.shift
-        elif ph in _INSTANTS and "ts" in ev:
+        elif ph in _INSTANTS:
             t = _ns(ev["ts"]) + self.shift
             self.row(ev, t, t, tbl.MARK)
+
+    def kineto_stage(self, ev: dict, ph) -> bool:
+        """Whether a Kineto event is a stage; the device side is taken on the way."""
+        cat = str(ev.get("cat", "")).lower()
+        if cat == STAGE_CATEGORY:
+            self.resolution(ev)
+            return True
+        if ph != "X":
+            return False
+        args = _args(ev)
+        if cat in GPU_OPS:
+            self.gpu.op(ev, args, self.span(ev))
+        elif cat in LAUNCHES:
+            self.gpu.call(args.get("correlation"), self.thread(ev), self.span(ev))
+        elif cat == DEVICE_SPAN:
+            self.gpu.span(args.get("External id"), self.span(ev))
+        return False
+
+    def span(self, ev: dict) -> tuple[int, int]:
+        start = _ns(ev["ts"]) + self.shift
+        return start, start + _ns(ev.get("dur", 0))
+
+    def resolution(self, ev: dict) -> None:
+        ts = ev["ts"]
+        self.whole_us = self.whole_us and isinstance(ts, int) and isinstance(ev.get("dur", 0), int)
+        self.latest_us = max(self.latest_us, abs(float(ts)))
 
     def row(self, ev: dict, start: int, end: int | None, kind: int) -> int:
         c = self.cols
@@ -181,7 +248,8 @@ class _Builder:
         c["end"].append(start - 1 if end is None else max(end, start))
         c["kind"].append(kind)
         c["thread"].append(self.thread(ev))
-        c["frame"].append(self.torch and ev.get("cat") not in TORCH_STAGES)
+        if self.kineto:
+            self.gpu.annotation(_args(ev).get("External id"), len(c["start"]) - 1)
         return len(c["start"]) - 1
 
     def thread(self, ev: dict) -> int:
@@ -197,10 +265,93 @@ class _Builder:
         return found
 
     def metadata(self, ev: dict) -> None:
-        name = (ev.get("args") or {}).get("name")
+        name = _args(ev).get("name")
         if not isinstance(name, str):
             return
         if ev.get("name") == "thread_name":
             self.thread_names[self.thread(ev)] = name
         elif ev.get("name") == "process_name":
             self.process_names[self.key("pid", ev.get("pid", 0))] = name
+
+
+def _args(ev: dict) -> dict:
+    args = ev.get("args")
+    return args if isinstance(args, dict) else {}
+
+
+def _slack_ns(whole_us: bool, latest_us: float) -> int:
+    """How far a Kineto trace's child range may end after its parent: twice its resolution (a
+    start and a duration each rounded): whole microseconds, or the spacing of float64 at its
+    latest time (0.25 µs at today's epoch times)."""
+    import math
+
+    resolution_us = 1.0 if whole_us else math.ulp(latest_us)
+    return math.ceil(2 * resolution_us * US_IN_NS)
+
+
+class _GpuWork:
+    """A Kineto trace's GPU ops, launching calls and device spans, joined file by file (its
+    correlation and External ids count per file)."""
+
+    def __init__(self):
+        self.cols: dict[str, list] = {k: [] for k in ("thread", "call_start", "start", "end",
+                                                      "name", "stream")}
+        self.names: dict[str, int] = {}
+        self.streams: dict[str, int] = {}
+        self.span_rows: dict[str, list] = {"rows": [], "first": [], "last": []}
+        self.seen_gpu = False
+
+    def begin(self) -> None:
+        self.ops: dict = {}
+        self.calls: dict = {}
+        self.spans: dict = {}
+        self.rows: dict = {}
+
+    def op(self, ev: dict, args: dict, span: tuple[int, int]) -> None:
+        self.seen_gpu = True
+        device = args.get("device", ev.get("pid", 0))
+        stream = f"GPU {device} stream {args.get('stream', ev.get('tid', 0))}"
+        entry = (span, self.names.setdefault(str(ev.get("name", "")), len(self.names)),
+                 self.streams.setdefault(stream, len(self.streams)))
+        self.ops.setdefault(args.get("correlation"), []).append(entry)
+
+    def call(self, correlation, thread: int, span: tuple[int, int]) -> None:
+        if correlation is not None:
+            self.calls[correlation] = (thread, span)
+
+    def span(self, external_id, span: tuple[int, int]) -> None:
+        first, last = self.spans.get(external_id, span)
+        self.spans[external_id] = (min(first, span[0]), max(last, span[1]))
+
+    def annotation(self, external_id, row: int) -> None:
+        if external_id is not None:
+            self.rows[external_id] = row
+
+    def end(self) -> None:
+        c = self.cols
+        for correlation, ops in self.ops.items():
+            call = self.calls.get(correlation)
+            if call is None:
+                continue  # launched outside the trace's CPU side: no range holds it
+            thread, (call_start, _) = call
+            for (start, end), name, stream in ops:
+                for k, v in zip(c, (thread, call_start, start, end, name, stream)):
+                    c[k].append(v)
+        for external_id, (first, last) in self.spans.items():
+            row = self.rows.get(external_id)
+            if row is not None:
+                for k, v in zip(self.span_rows, (row, first, last)):
+                    self.span_rows[k].append(v)
+
+    def work(self, kineto: bool):
+        """The DeviceWork, or None and why the trace has no device side."""
+        if not kineto:
+            return None, "a trace of host-side ranges (mmscope's chrome backend): no device side"
+        if not self.seen_gpu:
+            return None, ("no GPU activity in the torch trace (the profiler did not record "
+                          "ProfilerActivity.CUDA)")
+        # The span a trace states for a range (its gpu_user_annotation), where it states them.
+        spans = (tuple(np.asarray(self.span_rows[k], np.int64) for k in ("rows", "first", "last"))
+                 if self.span_rows["rows"] else None)
+        return device.from_columns(self.cols, list(self.names), list(self.streams),
+                                   "torch profiler (Kineto)", spans), ""

@@ -22,7 +22,8 @@ def load_profile(path: str, workers: int | None = None, quiet: bool = False) -> 
     of Chrome traces (one per process, as mmscope's chrome backend writes them)."""
     table = _load(path, workers, quiet)
     if len(table) == 0:
-        raise UserError(f"{path}: no NVTX ranges or marks in the profile (nothing to analyze)")
+        raise UserError(f"{path}: no NVTX ranges or marks in the profile (nothing to analyze; a "
+                        "torch trace's ranges are its record_function annotations)")
     return table
 
 

@@ -1,5 +1,6 @@
-"""The analysis frame: a range table registered in DuckDB with each range's node in the stage tree
-and its self time, the stages, the processes and their roles; what every computation reads.
+"""The analysis frame: a range table registered in DuckDB with each range's node in the stage tree,
+its self time and device time, the stages, the processes and their roles; what every computation
+reads.
 
 Built once per analysis: the nesting's structure in numpy, everything aggregated in SQL.
 """
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze import processes, stats, steps, tree
+from mmscope.analyze import device, processes, stats, steps, tree
 from mmscope.analyze.sql import Sql
 from mmscope.analyze.table import RangeTable
 
@@ -23,35 +24,39 @@ class Frame:
     stage_of_name: np.ndarray    # canonical name id -> stage id
     processes: list[dict]        # processes.describe
     roles: list[str]             # role labels, in the order of the tree's roots
-    view: tree.StageView         # the stage rows, their stage parents and depths
     nodes: tree.Nodes
-    ranges: dict[str, np.ndarray]  # the columns of the view `ranges`, per stage row
+    ranges: dict[str, np.ndarray]  # the columns of the view `ranges`, per row
+    kernels: dict[int, list[dict]]  # per stage id, its top kernels (none without a device side)
 
     def close(self) -> None:
         self.sql.close()
 
 
 def build(table: RangeTable, workers: int | None = None) -> Frame:
-    """`ranges` holds the stage rows: stage, node, thread, start, end, parent (its nearest stage
-    ancestor's row), self_ns."""
+    """`ranges` holds every range: stage, node, thread, start, end, parent row, self_ns; and
+    where the profile has a device side device_ns (-1: none) and kernel_ns (device.per_range)."""
     sql = Sql(workers)
     _find_catalogue_rows(table)
     stage_list, stage_of_name = stats.stage_names(table.names)
-    view = tree.stage_view(table)
-    thread, stage = view.take(table.thread), stage_of_name[view.take(table.name_id)]
-    sql.register("ranges", {"thread": thread, "stage": stage})
+    stage = stage_of_name[table.name_id]
+    sql.register("ranges", {"thread": table.thread, "stage": stage})
     procs = processes.describe(table, stage_list, sql)
     roles = _role_order({p["role"] for p in procs})
     role_of_pid = {p["pid"]: roles.index(p["role"]) for p in procs}
-    role_of_row = _per_row((thread >> 24) & 0xFFFFFF, role_of_pid)
-    nodes = tree.build(table, view, stage, role_of_row, len(stage_list))
+    role_of_row = _per_row(table.process, role_of_pid)
+    nodes = tree.build(table, stage, role_of_row, len(stage_list))
     del role_of_row
-    ranges = {"stage": stage, "node": view.take(nodes.of_row), "thread": thread,
-              "start": view.take(table.start), "end": view.take(table.end),
-              "parent": view.parent, "self_ns": tree.self_times(table, view)}
+    ranges = {"stage": stage, "node": nodes.of_row, "thread": table.thread,
+              "start": table.start, "end": table.end, "parent": table.parent,
+              "self_ns": tree.self_times(table)}
+    kernels = {}
+    if table.device is not None:
+        got = device.per_range(table)
+        ranges.update(device_ns=got.device_ns, kernel_ns=got.kernel_ns)
+        kernels = device.kernels_by_stage(table.device, got.owners, nodes, nodes.of_row)
     sql.register("ranges", ranges)
     return Frame(table=table, sql=sql, stages=stage_list, stage_of_name=stage_of_name,
-                 processes=procs, roles=roles, view=view, nodes=nodes, ranges=ranges)
+                 processes=procs, roles=roles, nodes=nodes, ranges=ranges, kernels=kernels)
 
 
 def _find_catalogue_rows(table: RangeTable) -> None:

@@ -1,13 +1,14 @@
 """Load the SQLite file of `nsys export --type sqlite` (or `mmscope record`) into a RangeTable.
 
 Read through DuckDB's SQLite scanner; both schema eras (text vs textId -> StringIds, with or
-without eventId); per-process domains; the session's start on the UTC clock.
+without eventId); per-process domains; the session's start on the UTC clock; the GPU work of
+the CUPTI tables (cupti.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from mmscope.analyze import sqlite_source
+from mmscope.analyze import cupti, sql, sqlite_source
 from mmscope.analyze import table as tbl
 from mmscope.errors import UserError
 
@@ -41,7 +42,10 @@ def load(path: str, workers: int | None = None) -> tbl.RangeTable:
                 found = _read(con, path)
             finally:
                 con.close()  # DuckDB holds the last result until then: free it before the build
-        return _to_table(*found)
+        work, why = found[-1]
+        table = _to_table(*found[:-1])
+        table.device, table.no_device = work, why
+        return table
     except (duckdb.Error, UnicodeDecodeError, SystemError) as e:
         # A corrupt file breaks the SQLite reader, or hands back text that is no UTF-8 (which
         # DuckDB's numpy conversion reports as a SystemError over the UnicodeDecodeError).
@@ -64,7 +68,7 @@ def _read(con, path: str) -> tuple:
     small = (_thread_names_table(con, tables, strings), _process_names(con, tables),
              _session_clock(con, tables))
     raw = _read_events(con, name, cols, _event_types(con, tables))
-    return (raw, _Registered(strings), *small)
+    return (raw, _Registered(strings), *small, cupti.read(con, tables, strings))
 
 
 def _q(identifier: str) -> str:
@@ -91,9 +95,8 @@ def _read_events(con, name: str, cols: set[str], types: dict[int, str]) -> dict:
         "domain": column("domainId", "CAST(coalesce(domainId, 0) AS INTEGER)", "0"),
         "crosses": column("endGlobalTid", "coalesce(endGlobalTid != globalTid, false)", "false"),
         "has_text": column("text", "text IS NOT NULL", "false")}
-    got = con.execute(f"SELECT {', '.join(f'{e} AS {_q(k)}' for k, e in exprs.items())} "
-                      f"FROM db.{_q(name)}").fetchnumpy()
-    out = {k: np.asarray(got.pop(k)) for k in exprs}
+    out = sql.columns(con, f"SELECT {', '.join(f'{e} AS {_q(k)}' for k, e in exprs.items())} "
+                           f"FROM db.{_q(name)}")
     out["text_code"], out["texts"] = _text_codes(con, name, out.pop("has_text"))
     out["end_thread"] = _end_threads(con, name, out["thread"], out.pop("crosses"))
     return out

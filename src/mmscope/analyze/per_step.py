@@ -1,6 +1,7 @@
 """The per-step view: each step's time by part (the encoder, the rest of preprocess, and the ranges
 beside preprocess on its thread until the next step: forward, sample, postprocess, ...) with its
-kind and batch shape, for at most MAX_STEPS steps taken evenly over the profile.
+kind and batch shape, and its device time where the profile has one, for at most MAX_STEPS steps
+taken evenly over the profile.
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def sample(n: int, most: int = MAX_STEPS) -> np.ndarray:
 
 def per_step(frame, step_table) -> dict | None:
     """{"steps": how many, "shown": how many, "t0_ns", "parts": names, and per shown step
-    "start_ns" (from t0), "kind", the shape and "ns" (time per part)}, or None without steps."""
+    "start_ns" (from t0), "kind", the shape, "ns" (time per part) and "device_ns" (the device
+    time of its preprocess and the ranges beside it; None without a device side)}, or None
+    without steps."""
     table = frame.table
     stepped = np.flatnonzero(step_table["forward"] >= 0)
     if len(stepped) == 0:
@@ -44,7 +47,12 @@ def per_step(frame, step_table) -> dict | None:
         if name != stages.PREPROCESS:  # the step's own preprocess: encoder and the rest
             ns[step, column.get(name, len(parts) - 1)] += t
     t0 = int(table.start.min())
+    device_ns = None
+    if "device_ns" in frame.ranges:  # the step's preprocess is among its window's ranges
+        device_ns = np.bincount(got["step"], weights=got["device_ns"],
+                                minlength=len(pre)).astype(np.int64).tolist()
     return {"steps": len(stepped), "shown": len(picked), "t0_ns": t0, "parts": parts,
+            "device_ns": device_ns,
             "start_ns": (table.start[pre] - t0).tolist(),
             "kind": [KINDS[k] for k in step_table["kind"][picked].tolist()],
             **{f: step_table[f][picked].tolist() for f in SHAPE_FIELDS},
@@ -67,7 +75,10 @@ def _parts(frame, windows: dict) -> dict[str, np.ndarray]:
     keys, inverse = np.unique(at * n_stages + ranges["stage"][rows], return_inverse=True)
     ns = np.zeros(len(keys), np.int64)
     np.add.at(ns, inverse, ranges["end"][rows] - ranges["start"][rows])
-    return {"step": keys // n_stages, "stage": keys % n_stages, "ns": ns}
+    device_ns = np.zeros(len(keys), np.int64)
+    if "device_ns" in ranges:
+        np.add.at(device_ns, inverse, np.maximum(ranges["device_ns"][rows], 0))
+    return {"step": keys // n_stages, "stage": keys % n_stages, "ns": ns, "device_ns": device_ns}
 
 
 def _in_a_window(start: np.ndarray, windows: dict) -> np.ndarray:

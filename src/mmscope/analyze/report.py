@@ -9,8 +9,9 @@ import csv
 from dataclasses import dataclass
 
 # Rendering runs on cached analyses too, without numpy: the computing modules load on first use.
-CSV_FIELDS = ("name", "count", "total_ns", "self_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns",
-              "min_ns", "max_ns", "parent", "share_of_parent", "in_parent", "parent_count")
+CSV_FIELDS = ("name", "count", "total_ns", "self_ns", "device_ns", "kernel_ns", "mean_ns",
+              "p50_ns", "p90_ns", "p99_ns", "min_ns", "max_ns", "parent", "share_of_parent",
+              "in_parent", "parent_count")
 DOC_KEYS = ("profile", "tree", "stages", "checks", "steps", "cache_benefit", "per_step")
 TREE_MIN_SHARE = 0.005  # the terminal's tree leaves out other nodes below this share of a role
 
@@ -50,7 +51,7 @@ def analyze(path: str, table, name_filter: str | None = None,
 
     built = frame.build(table, workers)
     try:
-        by_node, by_stage = stats.aggregate(built.sql)
+        by_node, by_stage = stats.aggregate(built.sql, table.device is not None)
         pairs = steps.step_join(built)
         step_table = steps.steps_of(built, pairs)
         return Analysis(
@@ -65,9 +66,11 @@ def analyze(path: str, table, name_filter: str | None = None,
 
 
 def profile_info(path: str, built) -> dict:
+    from mmscope.analyze import device
     from mmscope.analyze.table import MARK
 
     table = built.table
+    work = table.device
     n = len(table)
     return {"path": path, "format": table.source, "clock": table.clock, "ranges": n,
             "marks": int((table.kind == MARK).sum()),
@@ -76,7 +79,11 @@ def profile_info(path: str, built) -> dict:
                              else int((table.end_thread != table.thread).sum())),
             "threads": sum(len(p["threads"]) for p in built.processes),
             "processes": built.processes, "roles": built.roles,
-            "span_ns": int(table.end.max() - table.start.min()) if n else 0}
+            "span_ns": int(table.end.max() - table.start.min()) if n else 0,
+            "slack_ns": table.slack_ns,
+            "device": ({"available": False, "reason": table.no_device} if work is None else
+                       {"available": True, "source": work.source, "ops": len(work),
+                        "streams": device.streams(work)})}
 
 
 def write_csv(analysis: Analysis, path: str) -> None:
@@ -119,11 +126,13 @@ def print_terminal(analysis: Analysis, console=None, flat: bool = False) -> None
                   f"span {fmt_ns(info['span_ns'])}"
                   + (f", {info['unclosed']} unclosed" if info["unclosed"] else ""),
                   highlight=False)
+    console.print(device_text(info["device"]), highlight=False)
+    on_device = info["device"]["available"]
     if flat:
-        console.print(_stage_table(analysis.stages))
+        console.print(_stage_table(analysis.stages, on_device))
     else:
         for role in info["roles"]:
-            console.print(_tree_table(role, info["processes"], analysis.tree))
+            console.print(_tree_table(role, info["processes"], analysis.tree, on_device))
     for c in analysis.checks:
         mark = "[green]ok[/green]  " if c["ok"] else "[red]FAIL[/red]"
         console.print(f"{mark} {c['name']}: {c['detail']}", highlight=False)
@@ -131,6 +140,17 @@ def print_terminal(analysis: Analysis, console=None, flat: bool = False) -> None
     console.print(_benefit_text(analysis.cache_benefit), highlight=False)
     if analysis.cache:
         console.print(_cache_text(analysis.cache), highlight=False)
+
+
+def device_text(d: dict) -> str:
+    """The profile's device side in one line, or why it has none (said once)."""
+    if not d["available"]:
+        return f"device time: none ({d['reason']})"
+    streams = ", ".join(f"{s['stream']} {s['ops']} ops" for s in d["streams"][:6])
+    more = len(d["streams"]) - 6
+    return (f"device time: {d['ops']} GPU ops ({d['source']}) on {streams}"
+            + (f" and {more} more streams" if more > 0 else "")
+            + "; device = the span of the ops a range launched, kernels = their summed time")
 
 
 def where_text(role: str, processes: list[dict]) -> str:
@@ -173,7 +193,7 @@ def catalogued(name: str) -> bool:
             or name.startswith((stages.HASH_PREFIX, stages.PROCESSOR_PREFIX)))
 
 
-def _tree_table(role: str, processes: list[dict], nodes: list[dict]):
+def _tree_table(role: str, processes: list[dict], nodes: list[dict], on_device: bool):
     from rich.table import Table
 
     mine = [n for n in nodes if n["role"] == role]
@@ -195,27 +215,36 @@ def _tree_table(role: str, processes: list[dict], nodes: list[dict]):
                        f"{100 * TREE_MIN_SHARE:g}% of the role's time not shown (--json, --html "
                        "and --flat show every one)") if hidden else None,
               caption_justify="left")
-    for col in ("stage", "count", "total", "self", "mean", "p50", "p90", "p99",
-                "% of parent"):
+    for col in ("stage", "count", "total", "self") + DEVICE_COLUMNS * on_device + (
+            "mean", "p50", "p90", "p99", "% of parent"):
         t.add_column(col, justify="left" if col == "stage" else "right")
     for prefix, n in zip(tree_prefixes(shown), shown):
         t.add_row(prefix + n["name"], str(n["count"]), fmt_ns(n["total_ns"]),
-                  fmt_ns(n["self_ns"]), fmt_ns(n["mean_ns"]), fmt_ns(n["p50_ns"]),
-                  fmt_ns(n["p90_ns"]), fmt_ns(n["p99_ns"]), fmt_share(n["share_of_parent"]))
+                  fmt_ns(n["self_ns"]), *_device_cells(n, on_device), fmt_ns(n["mean_ns"]),
+                  fmt_ns(n["p50_ns"]), fmt_ns(n["p90_ns"]), fmt_ns(n["p99_ns"]),
+                  fmt_share(n["share_of_parent"]))
     return t
 
 
-def _stage_table(rows: list[dict]):
+DEVICE_COLUMNS = ("device", "kernels")
+
+
+def _device_cells(row: dict, on_device: bool) -> list[str]:
+    return [fmt_ns(row["device_ns"]), fmt_ns(row["kernel_ns"])] if on_device else []
+
+
+def _stage_table(rows: list[dict], on_device: bool):
     from rich.table import Table
 
     t = Table(title="stages (durations per range)", title_justify="left")
-    for col in ("stage", "count", "total", "self", "mean", "p50", "p90", "p99", "max",
-                "% of parent", "parent"):
+    for col in ("stage", "count", "total", "self") + DEVICE_COLUMNS * on_device + (
+            "mean", "p50", "p90", "p99", "max", "% of parent", "parent"):
         t.add_column(col, justify="left" if col in ("stage", "parent") else "right")
     for r in rows:
         parent = "" if r["parent"] is None else (
             f"{r['parent']} ({r['in_parent']} in {r['parent_count']})")
         t.add_row(r["name"], str(r["count"]), fmt_ns(r["total_ns"]), fmt_ns(r["self_ns"]),
+                  *_device_cells(r, on_device),
                   fmt_ns(r["mean_ns"]), fmt_ns(r["p50_ns"]), fmt_ns(r["p90_ns"]),
                   fmt_ns(r["p99_ns"]), fmt_ns(r["max_ns"]), fmt_share(r["share_of_parent"]),
                   parent)

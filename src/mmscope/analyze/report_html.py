@@ -1,14 +1,15 @@
 """The HTML report: one self-contained file (style, script and data inline; nothing fetched) that
-shows the stage tree per role as an icicle and a table, self time by stage, the checks, the
-per-step view, the steps and the encoder cache (benefit, and counters and time to first token
-when a /metrics page was given).
+shows the stage tree per role as an icicle and a table, self time by stage, host against device
+time by stage and the kernels under each stage, the checks, the per-step view, the steps and the
+encoder cache (benefit, and counters and time to first token when a /metrics page was given).
 """
 from __future__ import annotations
 
 import html
 import json
 
-from mmscope.analyze.report import Analysis, fmt_ns, fmt_share, tree_prefixes, where_text
+from mmscope.analyze.report import (Analysis, device_text, fmt_ns, fmt_share, tree_prefixes,
+                                    where_text)
 from mmscope.analyze.report_script import CSS, JS
 
 
@@ -19,10 +20,12 @@ def write_html(analysis: Analysis, path: str) -> None:
 
 def render(analysis: Analysis) -> str:
     info = analysis.profile
+    on_device = info["device"]["available"]
     parts = [f"<h1>mmscope analyze: {_e(info['path'])}</h1>",
              f"<p>{_e(info['format'])}, {_e(info['clock'])}: {info['ranges']} ranges, "
              f"{info['threads']} threads, {len(info['processes'])} processes, span "
              f"{fmt_ns(info['span_ns'])}</p>",
+             f"<p id='device-note'>{_e(device_text(info['device']))}</p>",
              _processes(info["processes"]),
              "<h2>Checks</h2>", _checks(analysis.checks),
              "<h2>Stage tree</h2><p class='note'>Per process role, each stage under the stage "
@@ -33,13 +36,20 @@ def render(analysis: Analysis) -> str:
                   f"<div class='icicle-holder' data-role='{_e(role)}'></div>",
                   "<p class='note'>Self time by stage: where the time goes, counted once.</p>",
                   f"<div class='self-holder' data-role='{_e(role)}'></div>",
-                  _tree_table([n for n in analysis.tree if n["role"] == role])]
+                  _tree_table([n for n in analysis.tree if n["role"] == role], on_device)]
+    if on_device:
+        parts += ["<h2>Where the GPU time went</h2><p class='note'>Per stage, its ranges' host "
+                  "time (launching the work) beside their device time (first GPU op started to "
+                  "last ended, of the ops they launched).</p><div id='host-device'></div>",
+                  "<h3>Kernels under each stage</h3>", _kernels(analysis.stages)]
     parts += ["<h2>Steps</h2>", _per_step_note(analysis.per_step),
               "<div id='per-step'></div>", _steps(analysis.steps),
               "<h2>Encoder cache</h2>", _benefit(analysis.cache_benefit),
               _cache(analysis.cache),
-              "<h2>Stages, flat</h2>", _flat_table(analysis.stages)]
-    data = json.dumps({"tree": analysis.tree, "per_step": analysis.per_step},
+              "<h2>Stages, flat</h2>", _flat_table(analysis.stages, on_device)]
+    stages = [{k: r[k] for k in ("name", "total_ns", "device_ns", "kernel_ns")}
+              for r in analysis.stages] if on_device else None
+    data = json.dumps({"tree": analysis.tree, "per_step": analysis.per_step, "stages": stages},
                       separators=(",", ":")).replace("</", "<\\/")
     return ("<!doctype html><html><head><meta charset='utf-8'><title>mmscope report</title>"
             f"<style>{CSS}</style></head><body>{''.join(parts)}<div id='tip'></div>"
@@ -73,25 +83,50 @@ def _checks(rows: list[dict]) -> str:
     return f"<ul>{''.join(items)}</ul>"
 
 
-FIGURE_HEAD = ["count", "total", "self", "mean", "p50", "p90", "p99"]
+def _head(on_device: bool) -> list[str]:
+    return (["count", "total", "self"] + ["device", "kernels"] * on_device
+            + ["mean", "p50", "p90", "p99"])
 
 
-def _figures(r: dict) -> list:
-    return [r["count"]] + [fmt_ns(r[k]) for k in ("total_ns", "self_ns", "mean_ns", "p50_ns",
-                                                   "p90_ns", "p99_ns")]
+def _figures(r: dict, on_device: bool) -> list:
+    keys = (("total_ns", "self_ns") + ("device_ns", "kernel_ns") * on_device
+            + ("mean_ns", "p50_ns", "p90_ns", "p99_ns"))
+    return [r["count"]] + [fmt_ns(r[k]) for k in keys]
 
 
-def _tree_table(nodes: list[dict]) -> str:
-    rows = [[_e(prefix + n["name"])] + _figures(n) + [fmt_share(n["share_of_parent"])]
+def _tree_table(nodes: list[dict], on_device: bool) -> str:
+    rows = [[_e(prefix + n["name"])] + _figures(n, on_device) + [fmt_share(n["share_of_parent"])]
             for prefix, n in zip(tree_prefixes(nodes), nodes)]
-    return _table(["stage"] + FIGURE_HEAD + ["% of parent"], rows, {0: "name"})
+    return _table(["stage"] + _head(on_device) + ["% of parent"], rows, {0: "name"})
 
 
-def _flat_table(stages: list[dict]) -> str:
-    rows = [[_e(r["name"])] + _figures(r) + [fmt_ns(r["max_ns"]), fmt_share(r["share_of_parent"]),
-             "" if r["parent"] is None else
-             _e(f"{r['parent']} ({r['in_parent']} in {r['parent_count']})")] for r in stages]
-    return _table(["stage"] + FIGURE_HEAD + ["max", "% of parent", "parent"], rows)
+def _flat_table(stages: list[dict], on_device: bool) -> str:
+    rows = [[_e(r["name"])] + _figures(r, on_device)
+            + [fmt_ns(r["max_ns"]), fmt_share(r["share_of_parent"]),
+               "" if r["parent"] is None else
+               _e(f"{r['parent']} ({r['in_parent']} in {r['parent_count']})")] for r in stages]
+    return _table(["stage"] + _head(on_device) + ["max", "% of parent", "parent"], rows)
+
+
+KERNEL_NAME_CHARS = 90  # demangled template names run to thousands of characters
+
+
+def _kernels(stages: list[dict]) -> str:
+    """Per stage that launched GPU work, its top kernels by time (an op counts under every
+    range holding it)."""
+    rows = []
+    for r in stages:
+        for k in r["kernels"]:
+            name = k["name"] if len(k["name"]) <= KERNEL_NAME_CHARS else (
+                k["name"][:KERNEL_NAME_CHARS - 1] + "…")
+            rows.append(f"<tr class='kernel' data-stage='{_e(r['name'])}' "
+                        f"data-total-ns='{k['total_ns']}'><td>{_e(r['name'])}</td>"
+                        f"<td title='{_e(k['name'])}'>{_e(name)}</td><td>{k['count']}</td>"
+                        f"<td>{fmt_ns(k['total_ns'])}</td></tr>")
+    if not rows:
+        return "<p>No stage launched GPU work.</p>"
+    return ("<table class='kernels'><tr><th>stage</th><th>kernel</th><th>ops</th><th>time</th>"
+            f"</tr>{''.join(rows)}</table>")
 
 
 def _per_step_note(view: dict | None) -> str:

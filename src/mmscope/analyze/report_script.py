@@ -1,7 +1,8 @@
 """The HTML report's style and script, inlined into every report (one file that opens offline).
 
 The script draws from the analysis JSON embedded in the page: an icicle of the stage tree per
-role (click a node to zoom, hover for its figures), self time by stage, and the per-step view.
+role (click a node to zoom, hover for its figures), self time by stage, host against device time
+by stage, and the per-step view (with each step's device time where the profile has one).
 """
 
 CSS = """
@@ -117,6 +118,34 @@ function selfBars(holder, nodes) {
   });
 }
 
+const HOST_COLOR = "#4477aa", DEVICE_COLOR = "#ee6677";
+
+function hostDevice(holder, stages) {
+  const big = s => Math.max(s.total_ns, s.device_ns);
+  const rows = stages.filter(s => big(s) > 0).sort((a, b) => big(b) - big(a)).slice(0, 15);
+  if (!rows.length) return;
+  const top = big(rows[0]) || 1, scale = ns => Math.max(620 * ns / top, 0.5);
+  const svg = el("svg", {width: 1200, height: rows.length * 30 + 4, class: "hostdev"}, holder);
+  rows.forEach((s, i) => {
+    const g = el("g", {class: "hostdev-bar", "data-stage": s.name, "data-host-ns": s.total_ns,
+                       "data-device-ns": s.device_ns, transform: "translate(0," + i * 30 + ")"}, svg);
+    el("rect", {x: 330, y: 1, width: scale(s.total_ns).toFixed(2), height: 12, fill: HOST_COLOR,
+                class: "host"}, g);
+    el("rect", {x: 330, y: 14, width: scale(s.device_ns).toFixed(2), height: 12,
+                fill: DEVICE_COLOR, class: "device"}, g);
+    el("text", {x: 325, y: 17, "text-anchor": "end"}, g).textContent = s.name.slice(0, 52);
+    el("text", {x: 335 + scale(big(s)), y: 17}, g).textContent =
+      "host " + fmtNs(s.total_ns) + ", device " + fmtNs(s.device_ns);
+    hover(g, s.name + "\nhost " + fmtNs(s.total_ns) + "\ndevice " + fmtNs(s.device_ns) +
+      " (kernels " + fmtNs(s.kernel_ns) + ")");
+  });
+  const legend = document.createElement("div");
+  legend.className = "legend";
+  legend.innerHTML = "<span><i style='background:" + HOST_COLOR + "'></i>host</span><span><i " +
+    "style='background:" + DEVICE_COLOR + "'></i>device</span>";
+  holder.appendChild(legend);
+}
+
 const KIND_COLOR = {prefill: "#cc3311", mixed: "#ee7733", decode: "#0077bb", idle: "#999999",
                     unknown: "#bbbbbb"};
 
@@ -124,7 +153,9 @@ function perStep(holder, s) {
   const W = 1200, H = 300, left = 60, bottom = 40, plotW = W - left - 10, plotH = H - bottom - 10;
   const ends = s.start_ns.map((t, i) => t + s.ns[i].reduce((a, b) => a + b, 0));
   const span = Math.max(...ends) - Math.min(...s.start_ns) || 1, t0 = Math.min(...s.start_ns);
-  const tallest = Math.max(...s.ns.map(p => p.reduce((a, b) => a + b, 0))) || 1;
+  const device = s.device_ns || null;
+  const tallest = Math.max(...s.ns.map(p => p.reduce((a, b) => a + b, 0)),
+                           ...(device || [])) || 1;
   const svg = el("svg", {width: W, height: H, class: "steps"}, holder);
   const barW = Math.max(1, Math.min(12, 0.8 * plotW / s.shown));
   const colors = s.parts.map((p, i) => i === 0 ? "#aa3377" : "hsl(" + hue(p) + ",50%,55%)");
@@ -153,14 +184,22 @@ function perStep(holder, s) {
     });
     el("rect", {x: x.toFixed(2), y: H - bottom + 2, width: barW, height: 4,
                 fill: KIND_COLOR[s.kind[i]]}, g);
+    if (device) {
+      el("rect", {x: x.toFixed(2), y: (10 + plotH - device[i] / tallest * plotH - 1).toFixed(2),
+                  width: barW, height: 2, fill: DEVICE_COLOR, class: "device",
+                  "data-ns": device[i]}, g);
+    }
     hover(g, s.kind[i] + " step at " + fmtNs(s.start_ns[i]) + ": " + fmtNs(total) +
+      (device ? ", device " + fmtNs(device[i]) : "") +
       "\nprefill " + s.prefill[i] + ", decode " + s.decode[i] + " tokens, " + s.reqs[i] +
       " requests\n" + s.parts.map((p, j) => p + " " + fmtNs(parts[j])).join("\n"));
   });
   const legend = document.createElement("div");
   legend.className = "legend";
   legend.innerHTML = s.parts.map((p, j) => "<span><i style='background:" + colors[j] +
-    "'></i>" + p.replace(/</g, "&lt;") + "</span>").join("") + " kind: " +
+    "'></i>" + p.replace(/</g, "&lt;") + "</span>").join("") +
+    (device ? "<span><i style='background:" + DEVICE_COLOR + "'></i>device time (line)</span>"
+     : "") + " kind: " +
     Object.entries(KIND_COLOR).filter(([k]) => s.kind.includes(k)).map(([k, c]) =>
       "<span><i style='background:" + c + "'></i>" + k + "</span>").join("");
   holder.appendChild(legend);
@@ -173,6 +212,8 @@ for (const holder of document.querySelectorAll(".icicle-holder")) {
 for (const holder of document.querySelectorAll(".self-holder")) {
   selfBars(holder, DATA.tree.filter(n => n.role === holder.dataset.role));
 }
+const hostDeviceHolder = document.getElementById("host-device");
+if (hostDeviceHolder && DATA.stages) hostDevice(hostDeviceHolder, DATA.stages);
 const stepHolder = document.getElementById("per-step");
 if (stepHolder && DATA.per_step) perStep(stepHolder, DATA.per_step);
 document.body.dataset.rendered = "yes";

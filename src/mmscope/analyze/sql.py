@@ -15,6 +15,16 @@ RELEASE_MEMORY = {"allocator_flush_threshold": "16MiB",
                   "allocator_bulk_deallocation_flush_threshold": "16MiB"}
 
 
+def columns(con, query: str) -> dict[str, np.ndarray]:
+    """A large result as numpy columns, through Arrow: DuckDB streams it into polars (no copy of
+    DuckDB's own), each column then one numpy array. A fifth faster than DuckDB's numpy
+    conversion on 10 M rows, measured; the columns must have no NULLs (coalesce them in SQL)."""
+    import polars as pl
+
+    frame = pl.DataFrame(con.sql(query))
+    return {name: frame.drop_in_place(name).to_numpy() for name in list(frame.columns)}
+
+
 def connect(threads: int | None = None, **config):
     """A DuckDB connection as every part of the analyzer opens one."""
     import duckdb

@@ -1,6 +1,7 @@
 """Per-stage and per-node figures, aggregated in DuckDB in one pass: count, total, self, mean,
-p50/p90/p99 (nearest rank, DuckDB's quantile_disc: always a measured duration), min, max; and
-each one's share of its parent: its time inside that parent over the parent's whole time.
+p50/p90/p99 (nearest rank, DuckDB's quantile_disc: always a measured duration), min, max, device
+and kernel time; and each one's share of its parent: its time inside that parent over the
+parent's whole time.
 """
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ from mmscope import stages
 STEP_META_STAGE = stages.STEP_META_PREFIX.rstrip(": ")
 PERCENTILES = (50, 90, 99)
 FIGURES = ("count", "total_ns", "self_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "min_ns",
-           "max_ns")
+           "max_ns", "device_ns", "kernel_ns")
 
 AGGREGATE = """
 SELECT node, stage, count(*), CAST(sum(dur) AS BIGINT), CAST(sum(self_ns) AS BIGINT),
-       min(dur), max(dur), quantile_disc(dur, [0.5, 0.9, 0.99])
-FROM (SELECT node, stage, "end" - start AS dur, self_ns FROM ranges)
+       min(dur), max(dur), quantile_disc(dur, [0.5, 0.9, 0.99]) {device}
+FROM (SELECT node, stage, "end" - start AS dur, self_ns {device_columns} FROM ranges)
 GROUP BY GROUPING SETS ((node), (stage))
 """
+# A range's device span counts where it has one (device_ns -1: it launched nothing).
+DEVICE = (", CAST(coalesce(sum(device_ns) FILTER (WHERE device_ns >= 0), 0) AS BIGINT), "
+          "CAST(sum(kernel_ns) AS BIGINT)")
 
 
 def stage_names(names: list[str]) -> tuple[list[str], np.ndarray]:
@@ -34,14 +38,18 @@ def stage_names(names: list[str]) -> tuple[list[str], np.ndarray]:
     return list(index), np.array(codes, dtype=np.int32).reshape(len(names))
 
 
-def aggregate(sql) -> tuple[dict[int, dict], dict[int, dict]]:
-    """The figures of every node and of every stage, keyed by their ids."""
+def aggregate(sql, with_device: bool = False) -> tuple[dict[int, dict], dict[int, dict]]:
+    """The figures of every node and of every stage, keyed by their ids; device_ns and kernel_ns
+    summed over the ranges (None without a device side)."""
     by_node, by_stage = {}, {}
-    for node, stage, count, total, self_ns, low, high, pct in sql.rows(AGGREGATE):
+    query = AGGREGATE.format(device=DEVICE if with_device else "",
+                             device_columns=", device_ns, kernel_ns" if with_device else "")
+    for node, stage, count, total, self_ns, low, high, pct, *dev in sql.rows(query):
+        device_ns, kernel_ns = dev if with_device else (None, None)
         row = {"count": count, "total_ns": total, "self_ns": self_ns,
                "mean_ns": (total + count // 2) // count,
                **{f"p{p}_ns": int(v) for p, v in zip(PERCENTILES, pct)},
-               "min_ns": low, "max_ns": high}
+               "min_ns": low, "max_ns": high, "device_ns": device_ns, "kernel_ns": kernel_ns}
         if node is not None:
             by_node[node] = row
         else:
@@ -72,7 +80,7 @@ def flat(frame, by_node: dict, by_stage: dict, name_filter: str | None = None) -
         if pattern and not pattern.search(name):
             continue
         row = {"name": name, **figures, "parent": None, "share_of_parent": None,
-               "in_parent": None, "parent_count": None}
+               "in_parent": None, "parent_count": None, "kernels": frame.kernels.get(s, [])}
         if s in usual:
             parent, count, time = usual[s]
             whole = by_stage[parent]["total_ns"]
@@ -137,7 +145,7 @@ def stage_stats(table, name_filter: str | None = None, workers: int | None = Non
 
     built = frames.build(table, workers)
     try:
-        by_node, by_stage = aggregate(built.sql)
+        by_node, by_stage = aggregate(built.sql, built.table.device is not None)
         return flat(built, by_node, by_stage, name_filter)
     finally:
         built.close()

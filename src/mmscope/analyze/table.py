@@ -24,9 +24,9 @@ class RangeTable:
     is the row index of the enclosing range or -1; `unclosed` rows had no end (their end is the
     profile's last timestamp, as nsys' own reports do); `crossing` holds the rows that overlap
     an earlier range of their thread partly (neither contains the other: not nested, one level);
-    `own_overlaps` those of them that overlap by their recorder's design (`torch_frames`);
-    `frame` marks what a profiler recorded by itself (the torch profiler's Python functions and
-    operators), as opposed to the ranges a program named, the stages (None: no frames).
+    `slack_ns` is how far a child may end after its parent and still nest (the format's time
+    resolution); `device` the GPU work the ranges launched (None: the profile has no device side,
+    `no_device` says why). Every row is a stage: a range a program named.
     """
 
     name_id: np.ndarray
@@ -46,8 +46,9 @@ class RangeTable:
     source: str = ""
     clock: str = ""
     crossing: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    own_overlaps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    frame: np.ndarray | None = None
+    slack_ns: int = 0
+    device: object = None  # device.DeviceWork
+    no_device: str = ""
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -147,9 +148,10 @@ def _canonical_index(raw: list[str], prefix=None) -> tuple[dict[str, int], np.nd
 
 def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
           domain_id=None, domains=None, thread_names=None, process_names=None,
-          source: str = "", clock: str = "", canonical=None, frame=None) -> RangeTable:
+          source: str = "", clock: str = "", canonical=None, slack_ns: int = 0) -> RangeTable:
     """A RangeTable from loader columns; `end` < `start` marks a missing end (NULL in nsys).
-    `canonical`: canonical_prefix() of the first raw names, where the loader computed it."""
+    `canonical`: canonical_prefix() of the first raw names, where the loader computed it;
+    `slack_ns`: the format's time resolution (nest_with_crossings)."""
     start = np.asarray(start, dtype=np.int64)
     end = np.asarray(end, dtype=np.int64)
     kind = np.asarray(kind, dtype=np.int8)
@@ -165,7 +167,7 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
     name_id = mapping.astype(np.int32)[np.asarray(name_id)] if n else np.zeros(0, np.int32)
     # Start/end ranges overlap freely, so they nest among themselves, apart from push/pop stacks.
     sub = (domain_id << 1) | (kind == START_END)
-    depth, parent, crossing = nest_with_crossings(thread, sub, start, end)
+    depth, parent, crossing = nest_with_crossings(thread, sub, start, end, slack_ns)
     del sub
     return RangeTable(
         name_id=name_id,
@@ -173,7 +175,7 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
         domain_id=domain_id, unclosed=unclosed, depth=depth, parent=parent, names=names,
         domains=list(domains or [""]), thread_names=dict(thread_names or {}),
         process_names=dict(process_names or {}), source=source, clock=clock,
-        crossing=crossing, frame=None if frame is None else np.asarray(frame, bool),
+        crossing=crossing, slack_ns=slack_ns,
         _cache={"index": index})  # ids_of's lookup, which profiles with many names pay for
 
 
@@ -193,16 +195,17 @@ def _close(start: np.ndarray, end: np.ndarray, kind: np.ndarray):
 
 
 def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
-                        end: np.ndarray):
+                        end: np.ndarray, slack: int = 0):
     """Depth, parent row, and the rows that cross an earlier range, per (thread, sub) group.
 
     Rule (the oracle of tests/unit/test_analysis_nesting.py): order the group by (start,
     longest first, row); `p` contains `c` when p has positive length, p.start <= c.start < p.end
-    and c.end <= p.end; the parent of `c` is the last range before it in that order that
+    and c.end <= p.end + slack (a format that rounds its times can put a child's end just
+    after its parent's); the parent of `c` is the last range before it in that order that
     contains it. Ranges that overlap partly are not nested: each keeps the parent that contains
-    it, and the later one is listed as crossing (an earlier sibling ends inside it). A
-    zero-length range is a leaf, and at a
-    parent's end it lies outside it; of two equal ranges the earlier row is the parent.
+    it, and the later one is listed as crossing (an earlier sibling ends more than `slack`
+    inside it). A zero-length range is a leaf, and at a parent's end it lies outside it; of two
+    equal ranges the earlier row is the parent.
     """
     n = len(start)
     depth = np.zeros(n, dtype=np.int32)
@@ -210,12 +213,12 @@ def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
     if n == 0:
         return depth, parent, np.zeros(0, np.int64)
     g = group_index(thread, sub)
-    ks_row, ke_row = packed_keys(g, start, end)
+    ks_row, ke_row = packed_keys(g, start, end, pad=slack)
     order, ks = _sort_order(ks_row, ke_row, g)
     del g, ks_row
     ke = ke_row[order]
     del ke_row
-    p_sorted, crosses = _last_container(ks, ke)
+    p_sorted, crosses = _last_container(ks, ke, slack)
     del ks, ke
     depth[order] = _depths(p_sorted)
     parent[order] = _through(order, p_sorted)
@@ -227,25 +230,27 @@ def position_type(n: int):
     return np.int32 if n < (1 << 31) - 1 else np.int64
 
 
-def _last_container(ks: np.ndarray, ke: np.ndarray):
+def _last_container(ks: np.ndarray, ke: np.ndarray, slack: int = 0):
     """In sorted positions: the last earlier position that contains each one (-1: none), and
     the positions that cross an earlier range.
 
-    An earlier position j contains i exactly when ke[j] >= ke[i] (> for a zero-length i): the
-    order already puts ks[j] <= ks[i], and keys of another group never qualify. So the parent is
-    the nearest earlier key that is at least as large, found by pointer jumping: each position
-    holds a candidate, and everything between the candidate and itself is smaller; a candidate
-    that fails hands over its own candidate, or its parent once that is known. The largest end
-    passed over on the way tells whether i crosses something (it ended inside i)."""
+    An earlier position j contains i exactly when ke[j] >= need[i]: ke[i] - slack, and after
+    i's start (ks[i] + 1: a zero-length i at j's end lies outside it). The order already puts ks[j] <= ks[i], and keys of another group never
+    qualify (packed_keys pads every time by the slack). So the parent is the nearest earlier
+    key that is large enough, found by pointer jumping: each position holds a candidate, and
+    everything between the candidate and itself is smaller; a candidate that fails hands over
+    its own candidate, or its parent once that is known. The largest end passed over on the way
+    tells whether i crosses something (it ended more than the slack inside i)."""
     m = len(ks)
     at = position_type(m)
     zero = ke == ks
+    need = np.maximum(ke - slack, ks + 1)
     parent = np.full(m, -2, at)  # -2: not known yet
     # Without any earlier end reaching mine there is no container at all: no jumping for those.
     seen = np.empty(m, np.int64)  # the largest end passed over; first: the largest before
     seen[0] = np.iinfo(np.int64).min
     np.maximum.accumulate(ke[:-1], out=seen[1:])
-    top = np.where(zero, seen <= ke, seen < ke)
+    top = seen < need
     parent[top] = NO_PARENT
     active = np.flatnonzero(~top).astype(at)
     del top
@@ -253,8 +258,7 @@ def _last_container(ks: np.ndarray, ke: np.ndarray):
     seen[active] = np.iinfo(np.int64).min
     while len(active):
         c = cand[active]
-        kc, ki = ke[c], ke[active]
-        ok = (kc > ki) | ((kc == ki) & ~zero[active])
+        ok = ke[c] >= need[active]
         parent[active[ok]] = c[ok]
         active, c = active[~ok], c[~ok]
         seen[active] = np.maximum(seen[active], ke[c])  # active rows are distinct
@@ -264,7 +268,7 @@ def _last_container(ks: np.ndarray, ke: np.ndarray):
         if lost.any():
             parent[active[lost]] = NO_PARENT
             active = active[~lost]
-    crosses = np.flatnonzero(~zero & (seen > ks))
+    crosses = np.flatnonzero(~zero & (seen > ks + slack))
     return parent, crosses
 
 
@@ -315,17 +319,24 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([values[:1], values[heads + 1]]))
 
 
-def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray):
-    """(group, time) packed into one int64, so that one sort or search serves every group."""
-    t0 = int(s.min())
+def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray, pad: int = 0):
+    """(group, time) packed into one int64, so that one sort or search serves every group;
+    times count from `pad` within a group (a key less up to `pad` stays in its group)."""
+    t0 = int(s.min()) - pad
     bits = max(int(e.max()) - t0, 1).bit_length()
     if int(g.max()).bit_length() + bits <= 62:
         high = g.astype(np.int64) << bits
-        ks, ke = s - t0, e - t0
+        ks = s - t0
         ks |= high
+        if e is s:  # keys of one time column (as-of searches): packed once
+            return ks, ks
+        ke = e - t0
         ke |= high
         return ks, ke
-    # Very long profiles or very many threads: times become their ranks, which keep the order.
+    # Very long profiles or very many threads: times become their ranks, which keep the order
+    # but not a slack (the traces that have one span hours at most: 43 bits of nanoseconds).
+    if pad:
+        raise ValueError("a profile too long to nest with a time slack")
     times, inverse = np.unique(np.concatenate([s, e]), return_inverse=True)
     bits = max(int(len(times)).bit_length(), 1)
     if int(g.max()).bit_length() + bits > 62:

@@ -1,9 +1,7 @@
-"""The stage tree: each stage range's node is its path of stages under its process' role (as the
-seed draws `preprocess` over its children), and each one's self time, as nsys' DurNonChild.
+"""The stage tree: each range's node is its path of stages under its process' role (as the seed
+draws `preprocess` over its children), and each one's self time, as nsys' DurNonChild.
 
-Stages are the ranges a program named; the frames a profiler records by itself (the torch
-profiler's Python functions and operators) are passed through: a stage's parent is its nearest
-stage ancestor. Per range in numpy (the nesting's columns); per node aggregated in SQL (stats).
+Per range in numpy (the nesting's columns); per node aggregated in SQL (stats).
 """
 from __future__ import annotations
 
@@ -11,40 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmscope.analyze.table import RangeTable, _depths
-
-
-@dataclass
-class StageView:
-    """The stage rows of a table (`rows`; None: every row), and per stage row its nearest stage
-    ancestor (a row of the table, -1: none) and its depth among stages."""
-
-    rows: np.ndarray | None
-    parent: np.ndarray
-    depth: np.ndarray
-
-    def take(self, column: np.ndarray) -> np.ndarray:
-        return column if self.rows is None else column[self.rows]
-
-
-def stage_view(table: RangeTable) -> StageView:
-    if table.frame is None or not table.frame.any():
-        return StageView(None, table.parent, table.depth)
-    rows = np.flatnonzero(~table.frame)
-    up = table.parent[rows]
-    climbing = np.flatnonzero(up >= 0)
-    while len(climbing):  # through frames, one level a round
-        climbing = climbing[table.frame[up[climbing]]]
-        up[climbing] = table.parent[up[climbing]]
-        climbing = climbing[up[climbing] >= 0]
-    position = np.full(len(table), -1, np.int64)
-    position[rows] = np.arange(len(rows))
-    return StageView(rows, up, _depths(np.where(up >= 0, position[up], -1)))
+from mmscope.analyze.table import RangeTable
 
 
 @dataclass
 class Nodes:
-    """`of_row[r]`: the node of stage row r (indexed by table row; -1 for frames); per node: its
+    """`of_row[r]`: the node of row r; per node: its
     parent node (-1: a root), role and stage ids and depth; `excess[k]`: time of node k's ranges
     beyond the lengths of the parents holding them (ranges that overlap partly can add up to
     more than their parent)."""
@@ -60,23 +30,22 @@ class Nodes:
         return len(self.parent)
 
 
-def build(table: RangeTable, view: StageView, stage_of_row: np.ndarray,
-          role_of_row: np.ndarray, n_stages: int) -> Nodes:
+def build(table: RangeTable, stage_of_row: np.ndarray, role_of_row: np.ndarray,
+          n_stages: int) -> Nodes:
     """Nodes level by level: a root is (role, stage), a node below is (parent node, stage).
-    `stage_of_row`, `role_of_row`: per stage row (of the view)."""
-    rows = np.arange(len(table)) if view.rows is None else view.rows
+    `stage_of_row`, `role_of_row`: per row."""
     of_row = np.full(len(table), -1, np.int32)
     parts = {"parent": [], "role": [], "stage": [], "depth": []}
-    order = np.argsort(view.depth, kind="stable").astype(np.int32 if len(rows) < 1 << 31
-                                                          else np.int64)
-    bounds = np.searchsorted(view.depth[order], np.arange(int(view.depth.max(initial=0)) + 2))
+    order = np.argsort(table.depth, kind="stable").astype(np.int32 if len(table) < 1 << 31
+                                                           else np.int64)
+    bounds = np.searchsorted(table.depth[order], np.arange(int(table.depth.max(initial=0)) + 2))
     made = 0
     for depth in range(len(bounds) - 1):
         at = order[bounds[depth]:bounds[depth + 1]]
-        above = role_of_row[at] if depth == 0 else of_row[view.parent[at]]
+        above = role_of_row[at] if depth == 0 else of_row[table.parent[at]]
         key = above.astype(np.int64) * n_stages + stage_of_row[at]
         uniq, inverse = _unique(key, (int(above.max()) + 1) * n_stages)
-        of_row[rows[at]] = inverse + made
+        of_row[at] = inverse + made
         up = uniq // n_stages
         parts["parent"].append(np.full(len(uniq), -1) if depth == 0 else up)
         parts["role"].append(up if depth == 0 else np.concatenate(parts["role"])[up])
@@ -84,7 +53,7 @@ def build(table: RangeTable, view: StageView, stage_of_row: np.ndarray,
         parts["depth"].append(np.full(len(uniq), depth))
         made += len(uniq)
     cols = {k: (np.concatenate(v) if v else np.zeros(0, np.int64)) for k, v in parts.items()}
-    return Nodes(of_row=of_row, excess=_excess(table, view, of_row, made), **cols)
+    return Nodes(of_row=of_row, excess=_excess(table, of_row, made), **cols)
 
 
 def _unique(key: np.ndarray, space: int):
@@ -99,36 +68,29 @@ def _unique(key: np.ndarray, space: int):
     return uniq, slot[key]
 
 
-def self_times(table: RangeTable, view: StageView) -> np.ndarray:
-    """Each stage range's time less its stage children's, never below zero (children that
-    overlap partly count at most their parent's length). Per stage row of the view."""
-    dur = view.take(table.end) - view.take(table.start)
-    has = np.flatnonzero(view.parent >= 0)
+def self_times(table: RangeTable) -> np.ndarray:
+    """Each range's time less its children's, never below zero (children that overlap partly
+    count at most their parent's length)."""
+    dur = table.end - table.start
+    has = np.flatnonzero(table.parent >= 0)
     # float64 adds integer nanoseconds exactly below 2**53 ns (104 days) a parent.
-    children = view.take(np.bincount(view.parent[has], weights=dur[has], minlength=len(table)))
+    children = np.bincount(table.parent[has], weights=dur[has], minlength=len(table))
     del has
     np.minimum(children, dur, out=children)
     np.subtract(dur, children, out=dur, casting="unsafe")  # exact: integers below 2**53
     return dur
 
 
-def _excess(table: RangeTable, view: StageView, of_row: np.ndarray, n_nodes: int) -> np.ndarray:
+def _excess(table: RangeTable, of_row: np.ndarray, n_nodes: int) -> np.ndarray:
     """Per node, what its ranges add beyond the length of the parent range holding them. Only
     children of a parent with a crossing child can overlap, so only those are summed."""
     excess = np.zeros(n_nodes, np.int64)
-    position = None if view.rows is None else np.full(len(table), -1, np.int64)
-    if position is not None:
-        position[view.rows] = np.arange(len(view.rows))
-    crossing = table.crossing if position is None else table.crossing[
-        position[table.crossing] >= 0]
-    at = crossing if position is None else position[crossing]
-    parents = np.unique(view.parent[at])
+    parents = np.unique(table.parent[table.crossing])
     parents = parents[parents >= 0]
     if len(parents) == 0:
         return excess
-    kids = np.flatnonzero(np.isin(view.parent, parents))
-    rows = kids if view.rows is None else view.rows[kids]
-    key = of_row[rows].astype(np.int64) * len(table) + view.parent[kids]
+    rows = np.flatnonzero(np.isin(table.parent, parents))
+    key = of_row[rows].astype(np.int64) * len(table) + table.parent[rows]
     uniq, inverse = np.unique(key, return_inverse=True)
     inside = np.bincount(inverse, weights=table.end[rows] - table.start[rows]).astype(np.int64)
     parent = uniq % len(table)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+from mmscope.demo.workload import METRICS_PAGE  # light: the workload imports vLLM in main()
 from mmscope.errors import UserError
 
 
@@ -36,7 +37,8 @@ def run(args) -> int:
         model = _tiny_model(args.arch)
         profile = _run_workload(out, model, args.arch, status)
         status.update("analysing the recorded ranges")
-        analysis = _analyse(profile, os.path.join(out, "report.html"))
+        analysis = _analyse(profile, os.path.join(out, "report.html"),
+                            os.path.join(out, METRICS_PAGE))
     _report(out, profile, analysis, time.monotonic() - t0)
     return 0
 
@@ -76,7 +78,7 @@ def _run_workload(out: str, model: str, arch: str, status) -> str:
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
                MMSCOPE_ACCESS_LOG=os.path.join(out, "access.log"), MMSCOPE_TTFT_PARTS="1",
                **environment.server_environment(os.environ.get("PYTHONPATH")))
-    for stale in ("access.log", "summary.json"):
+    for stale in ("access.log", "summary.json", METRICS_PAGE):
         if os.path.exists(os.path.join(out, stale)):
             os.remove(os.path.join(out, stale))
     for old in os.listdir(os.path.join(out, "traces")):
@@ -106,13 +108,17 @@ def _run_workload(out: str, model: str, arch: str, status) -> str:
     return profile
 
 
-def _analyse(profile: str, html: str):
-    from mmscope.analyze import load
+def _analyse(profile: str, html: str, metrics_page: str):
+    """The stage report, and the HTML report with the engine's counters from its /metrics page
+    (the terminal prints them in the demo's own table)."""
+    import dataclasses
+
+    from mmscope.analyze import load, scrape
     from mmscope.analyze.report import analyze
     from mmscope.analyze.report_html import write_html
 
     analysis = analyze(profile, load(profile, quiet=True))
-    write_html(analysis, html)
+    write_html(dataclasses.replace(analysis, cache=scrape.read(metrics_page)), html)
     return analysis
 
 
@@ -167,10 +173,12 @@ def _report(out: str, profile: str, analysis, elapsed: float) -> None:
     for label, path in [("NVTX profile (nsys export schema)", profile),
                         ("Chrome/Perfetto trace", os.path.join(traces, sorted(os.listdir(traces))[0])),
                         ("HTML report", os.path.join(out, "report.html")),
+                        ("/metrics page (analyze --metrics)", os.path.join(out, METRICS_PAGE)),
                         ("encoder-cache access log", os.path.join(out, "access.log")),
                         ("vLLM log", os.path.join(out, "vllm.log"))]:
         console.print(f"{label:36} {_short(path)}", highlight=False)
-    console.print(f"done in {elapsed:.0f} s. Next: mmscope analyze {_short(profile)}; "
+    console.print(f"done in {elapsed:.0f} s. Next: mmscope analyze {_short(profile)} --metrics "
+                  f"{_short(os.path.join(out, METRICS_PAGE))}; "
                   "open the trace in https://ui.perfetto.dev", highlight=False)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from mmscope import stages
 from mmscope.emit import tracing
 from mmscope.flags import flag
 
@@ -69,12 +70,13 @@ class DeviceEventClock:
 
 
 class StageCollector:
-    def __init__(self):
+    def __init__(self, step_stages: tuple[str, ...] = ()):
         self.durations: dict[str, list[int]] = {}
         self.dropped = 0
         self.collected_in_process = False  # drained by a consumer in this process (the scheduler)
-        # stage -> ns since the last take_step(): what one engine step spent in each stage, for
-        # the requests' shares of it (carry/ttft.py); a few keys, never more.
+        # stage -> ns since the last take_step(): what one engine step spent in the stages the
+        # requests' shares of it need (carry/ttft.py), and only those.
+        self.step_stages = frozenset(step_stages)
         self.step_ns: dict[str, int] = {}
         self.clock: HostClock | DeviceEventClock = HostClock()
 
@@ -91,7 +93,8 @@ class StageCollector:
             bucket.append(duration_ns)
         else:
             self.dropped += 1
-        self.step_ns[stage] = self.step_ns.get(stage, 0) + duration_ns
+        if stage in self.step_stages:
+            self.step_ns[stage] = self.step_ns.get(stage, 0) + duration_ns
 
     def take_step(self) -> dict[str, int]:
         self.clock.resolve(self)
@@ -119,7 +122,9 @@ class UncountedCollector(StageCollector):
 
 
 FRONTEND = StageCollector()  # API server: hashing, processor stages
-WORKER = StageCollector()  # model runner: encoder forward, EC transfer, gather, embed
+# model runner: encoder forward, EC transfer, gather, embed; a step's encoder and EC-load time is
+# shared among its requests (vllm/step_shares.py)
+WORKER = StageCollector(step_stages=(stages.VIT_FORWARD, stages.EC_LOAD))
 UNCOUNTED = UncountedCollector()
 
 ENABLED = flag("MMSCOPE_STAGE_METRICS", default=True)

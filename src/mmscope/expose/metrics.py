@@ -146,6 +146,7 @@ class EncoderCacheProm:
                                multiprocess_mode="mostrecent")
                   for k, (n, d) in GAUGES.items()
                   if bytes_per_embed or k not in BYTES_OF.values()}
+        self._stage_observers: dict[tuple[int, str], object] = {}
         self.stage_seconds = histogram_cls(
             name=STAGE_HISTOGRAM[0], documentation=STAGE_HISTOGRAM[1],
             labelnames=labels + ["stage"], buckets=STAGE_BUCKETS)
@@ -185,7 +186,7 @@ class EncoderCacheProm:
                 self._set_gauge(idx, "capacity_embeds", capacity_embeds)
             if modalities:  # a multimodal model: every stage's histogram from the start too
                 for stage in stages.TIMED_STAGES + stages.media_stages(modalities):
-                    self.stage_seconds.labels(*values, stage)
+                    self._stage_observer(idx, stage)
                 for key in media_keys(modalities):
                     self._media_inc(idx, key)
 
@@ -248,9 +249,18 @@ class EncoderCacheProm:
         if engine_idx not in self.labelvalues or engine_idx in self._withdrawn[STAGES]:
             return
         for stage, values in durations.items():
-            child = self.stage_seconds.labels(*self.labelvalues[engine_idx], stage)
+            observe = self._stage_observer(engine_idx, stage)
             for ns in values:
-                child.observe(ns / 1e9)
+                observe(ns / 1e9)
+
+    def _stage_observer(self, engine_idx: int, stage: str):
+        """The observe method of the stage's child, resolved once (labels() locks and hashes):
+        the API server's stages are drained every step."""
+        found = self._stage_observers.get((engine_idx, stage))
+        if found is None:
+            found = self._stage_observers[(engine_idx, stage)] = self.stage_seconds.labels(
+                *self.labelvalues[engine_idx], stage).observe
+        return found
 
     def observe_transfers(self, wire: dict[str, int], engine_idx: int) -> None:
         if engine_idx in self._withdrawn[STAGES]:

@@ -51,10 +51,15 @@ class EngineState:
 _states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+# The manager looked up last and its state: an engine has one, looked up several times a step,
+# and a WeakKeyDictionary lookup makes a weak reference each time.
+_last: tuple = (lambda: None, None)
+
+
 def state_of(manager, model_config=None) -> EngineState:
     """The manager's state, made on first use; with the model's config (at the scheduler's start)
     the access log's capacity line also gives the bytes of one embedding."""
-    state = _states.get(manager)
+    state = existing(manager)
     if state is None:
         per_embed = bytes_per_embedding(model_config) if model_config is not None else 0
         state = _states[manager] = EngineState(manager, per_embed)
@@ -63,7 +68,14 @@ def state_of(manager, model_config=None) -> EngineState:
 
 def existing(manager) -> EngineState | None:
     """The manager's state if anything multimodal happened in its engine yet."""
-    return _states.get(manager)
+    global _last
+    last_manager, state = _last
+    if last_manager() is manager:
+        return state
+    state = _states.get(manager)
+    if state is not None:
+        _last = (weakref.ref(manager), state)
+    return state
 
 
 def _sink(log_probe: bool, log_access, tally=None):

@@ -106,4 +106,5 @@ def processor_stage(hook, wrapped, timing, args, kwargs, stage):
     With it off (`enabled` false, the default) vLLM's record() only yields: the stage timer then
     stands in for that no-op block rather than nesting it; with it on, it wraps vLLM's timer."""
     inner = wrapped(*args, **kwargs) if timing.enabled else None
-    return timed_stage(stages.processor_range(stage), _collector(), inner)
+    collector = UNCOUNTED if getattr(_warm_up, "on", False) else FRONTEND
+    return timed_stage(stages.processor_range(stage), collector, inner)

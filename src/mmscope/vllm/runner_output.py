@@ -67,5 +67,7 @@ def received(model_runner_output) -> dict[str, list[int]] | None:
     sent = getattr(model_runner_output, SENT_TRANSFERS, None)
     if sent:
         TRANSFERS.merge(sent)
-    TURNED_OFF.merge(getattr(model_runner_output, SENT_HOOKS_OFF, None))
+    off = getattr(model_runner_output, SENT_HOOKS_OFF, None)
+    if off:
+        TURNED_OFF.merge(off)
     return getattr(model_runner_output, SENT_DURATIONS, None)

@@ -11,13 +11,15 @@ V1, V2 = "v1", "v2"
 LABEL = {V1: "Model Runner V1", V2: "Model Runner V2"}
 RUNNER_V1 = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 RUNNER_V2 = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+# vLLM 0.34's Model Runner V2 for CPUs without Triton, a class of its own
+RUNNER_STANDALONE = "vllm.v1.worker.cpu.standalone_model_runner:StandaloneCPUModelRunner"
 # The runners each release has (docs/vllm-0.34.md: 0.34 removed V1).
 RELEASE_RUNNERS = {"0.32": (V1, V2), "0.33": (V1, V2), "0.34": (V2,)}
 
 
 def runner_of(model_runner) -> str:
     names = {f"{c.__module__}:{c.__qualname__}" for c in type(model_runner).__mro__}
-    return V2 if RUNNER_V2 in names else V1
+    return V2 if names & {RUNNER_V2, RUNNER_STANDALONE} else V1
 
 
 def release_runners(version: str | None) -> tuple[str, ...]:

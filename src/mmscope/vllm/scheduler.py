@@ -85,7 +85,7 @@ def step_scheduled(hook, wrapped, scheduler, args, kwargs):
 def _resumed(cached) -> set[str]:
     """Requests resumed after preemption that vLLM sends as cached ones: up to 0.33 with Model
     Runner V1 (`resumed_req_ids`); vLLM 0.34 sends every resumed request in full, as a new one."""
-    return getattr(cached, "resumed_req_ids", None) or set()
+    return getattr(cached, "resumed_req_ids", None) or ()
 
 
 def _commit(scheduler, manager, output) -> None:

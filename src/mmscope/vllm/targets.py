@@ -12,7 +12,7 @@ from mmscope.vllm import request_times as rt, runner_output as ro
 from mmscope.vllm import scheduler as sch, stat_loggers as sl, step_scopes as sc
 from mmscope.vllm import step_telemetry as st, worker_stages as ws
 from mmscope.vllm.patching import Hook, Table, When
-from mmscope.vllm.runners import RUNNER_V1, RUNNER_V2, V1, V2
+from mmscope.vllm.runners import RUNNER_STANDALONE, RUNNER_V1, RUNNER_V2, V1, V2
 
 SUPPORTED_VLLM = ">=0.32,<0.35"
 
@@ -26,9 +26,12 @@ ECM = "vllm.v1.core.encoder_cache_manager:EncoderCacheManager"
 LOGGERS = "vllm.v1.metrics.loggers"
 OUTPUT = "vllm.v1.engine.output_processor:OutputProcessor"
 ENCODER_V2 = "vllm.v1.worker.gpu.mm.encoder_runner:EncoderRunner"
+ENCODER_STANDALONE = "vllm.v1.worker.cpu.encoder_runner:EncoderRunner"
+KV_STANDALONE = "vllm.v1.worker.cpu.kv_connector"
 MEDIA = "vllm.multimodal.media"
 RENDERER = "vllm.renderers.base:BaseRenderer"
 V1_RELEASES = "<0.34"  # vLLM 0.34 removed Model Runner V1
+STANDALONE_RELEASES = ">=0.34"  # and added a V2 runner of its own for CPUs without Triton
 
 
 def engine_core(name, path, params, wrapper, feature=ACCOUNTING) -> Hook:
@@ -116,9 +119,14 @@ API_SERVER_ROWS = [
 ]
 
 
-def worker(name, path, params, wrapper, feature, runner=None, when=When.START) -> Hook:
+def worker(name, path, params, wrapper, feature, runner=None, when=When.START,
+           releases="") -> Hook:
     return Hook(name, path, params, wrapper, feature, WORKER, runner=runner,
-                releases=V1_RELEASES if runner == V1 else "", when=when)
+                releases=V1_RELEASES if runner == V1 else releases, when=when)
+
+
+def standalone(name, path, params, wrapper, feature, when=When.START) -> Hook:
+    return worker(name, path, params, wrapper, feature, V2, when, STANDALONE_RELEASES)
 
 
 # Worker: the stages under `gpu_model_runner: preprocess` (docs/design.md §3), the step's shape,
@@ -184,6 +192,31 @@ WORKER_ROWS = [
            When.TRACING),
     worker("ranges.vllm_scopes.v2.bookkeep", f"{RUNNER_V2}.postprocess_sampled", (),
            sc.bookkept, RANGES, V2, When.TRACING),
+    # Model Runner V2 on CPUs without Triton (vLLM 0.34, `cpu/standalone_model_runner.py`): the
+    # same phases in classes of its own. Its step's forward starts where it hands the batch to
+    # its KV connector (V2's StepTimingCollector does not exist there); it has no async output,
+    # so no ModelRunnerOutput range: sample_tokens builds the output itself.
+    standalone("ranges.vit_forward.standalone", f"{ENCODER_STANDALONE}.timed_encoder_operation",
+               (), ws.encoder_step, RANGES),
+    standalone("ranges.gather_mm_embeddings.standalone",
+               f"{ENCODER_STANDALONE}.gather_mm_embeddings", (), ws.gather_mm_embeddings, RANGES),
+    standalone("ranges.embed_input_ids.standalone", f"{RUNNER_STANDALONE}.load_model", (),
+               ws.model_loaded, RANGES),
+    standalone("telemetry.step_shape.standalone", f"{RUNNER_STANDALONE}.prepare_inputs", (),
+               st.batch_prepared, TELEMETRY),
+    standalone("stage_metrics.sample_tokens.standalone", f"{RUNNER_STANDALONE}.sample_tokens", (),
+               ro.carried, METRICS),
+    standalone("ranges.vllm_scopes.standalone.step", f"{RUNNER_STANDALONE}.execute_model",
+               ("dummy_run",), sc.step_executed, RANGES, When.TRACING),
+    standalone("ranges.vllm_scopes.standalone.forward", f"{KV_STANDALONE}:KVConnector.pre_forward",
+               (), sc.forward_started, RANGES, When.TRACING),
+    standalone("ranges.vllm_scopes.standalone.forward.kv",
+               f"{KV_STANDALONE}:ActiveKVConnector.pre_forward", (), sc.forward_started, RANGES,
+               When.TRACING),
+    standalone("ranges.vllm_scopes.standalone.sample", f"{RUNNER_STANDALONE}.sample", (),
+               sc.sampled, RANGES, When.TRACING),
+    standalone("ranges.vllm_scopes.standalone.bookkeep",
+               f"{RUNNER_STANDALONE}.postprocess_sampled", (), sc.bookkept, RANGES, When.TRACING),
 ]
 
 TABLE = Table(ENGINE_CORE_ROWS + API_SERVER_ROWS + WORKER_ROWS, switches={TTFT_PARTS: ttft.ENV})

@@ -85,7 +85,7 @@ encoder_batch = timed(stages.VIT_FORWARD, skip=_not_a_step)
 _step_gathered = False
 
 
-def _gathered(result, lookahead) -> bool:
+def _gathered(result, *lookahead) -> bool:
     global _step_gathered
     _step_gathered = bool(result[0])  # (mm_embeds, is_mm_embed): the step's gathered embeddings
     return _step_gathered
@@ -101,13 +101,14 @@ def _prepared(result) -> bool:
     return gathered
 
 
-def _drafter(lookahead) -> bool:
+def _drafter(*lookahead) -> bool:
     """The drafter gathers ahead (speculative decoding: V1's shift_computed_tokens, V2's
     draft_lookahead): not the step's stage."""
-    return bool(lookahead)
+    return bool(lookahead and lookahead[0])
 
 
-# Both runners' gather; its row's one param is V1's shift_computed_tokens, V2's draft_lookahead.
+# Every runner's gather; its row's param is V1's shift_computed_tokens, V2's draft_lookahead,
+# none for V2's standalone CPU runner, which has no drafter.
 gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS, _gathered, skip=_drafter)
 prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, _prepared)
 _embed_timed = timed(stages.EMBED_INPUT_IDS, _merged)
