@@ -160,7 +160,6 @@ def _decode(hook, wrapped, media_io, args, kwargs, size, what):
         item.fetched_ns = start = time.perf_counter_ns()
         if item.fetch_range is not None:
             item.fetch_range.end()
-        item.bytes = size(what)
         name = item.decode_stage
     except Exception as e:  # noqa: BLE001
         hook.failed(e)
@@ -170,8 +169,13 @@ def _decode(hook, wrapped, media_io, args, kwargs, size, what):
             result = wrapped(*args, **kwargs)
     else:
         result = wrapped(*args, **kwargs)
-    if ENABLED:
-        FRONTEND.record(name, time.perf_counter_ns() - start)
+    end = time.perf_counter_ns()
+    try:  # the bytes once vLLM has read them: a path that is no file is vLLM's error to raise
+        item.bytes = size(what)
+        if ENABLED:
+            FRONTEND.record(name, end - start)
+    except Exception as e:  # noqa: BLE001
+        hook.failed(e)
     return result
 
 
