@@ -5,7 +5,6 @@ fetches and bytes planned against those the media server answered and the server
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from mmscope import stages
@@ -14,7 +13,6 @@ from mmscope.load.plan import IMAGE_FORMATS, LevelPlan, PlannedRequest, Workload
 
 DATA_URL, HTTP = "data_url", "http"
 SOURCES = (DATA_URL, HTTP)
-STAGE_KEY = re.compile(r"^mm_stage_duration_seconds_(sum|count)\{stage=mm:media:(\w+):(\w+):\w+\}$")
 
 
 @dataclass(frozen=True)
@@ -84,10 +82,20 @@ class Fetches:
                 "(VLLM_MEDIA_CACHE), or other traffic")
 
 
+def stage_samples(delta: dict[str, float]):
+    """(sum or count, step, source, modality, value) of the level's media stages."""
+    prefix = series.STAGES + "_"
+    for key, value in delta.items():
+        if key.startswith(prefix):
+            kind, _, stage = key[len(prefix):].partition("{stage=")
+            parsed = stages.parse_media_range(stage.removesuffix("}"))
+            if parsed and kind in ("sum", "count"):
+                yield kind, *parsed, value
+
+
 def fetches(delta: dict[str, float], planned: tuple[int, int], served: tuple[int, int]) -> Fetches:
-    counted = sum(v for k, v in delta.items()
-                  if (m := STAGE_KEY.match(k)) and m[1] == "count" and m[2] == stages.MEDIA_FETCH
-                  and m[3] == HTTP)
+    counted = sum(value for kind, step, source, _, value in stage_samples(delta)
+                  if kind == "count" and step == stages.MEDIA_FETCH and source == HTTP)
     counted_bytes = sum(v for k, v in delta.items()
                         if k.startswith(series.MEDIA_BYTES + "{") and f"source={HTTP}" in k)
     return Fetches(*planned, *served, int(round(counted)), int(round(counted_bytes)))
@@ -97,11 +105,8 @@ def by_source(delta: dict[str, float]) -> dict[str, dict]:
     """Per source the server saw in the level: items fetched, fetch and decode seconds (sum
     over modalities), bytes, fetches the processor cache made pointless and their seconds."""
     found: dict[str, dict] = {}
-    for key, value in delta.items():
-        m = STAGE_KEY.match(key)
-        if m:
-            entry = found.setdefault(m[3], empty_source())
-            entry[f"{m[2]}_{m[1]}"] += value
+    for kind, step, source, _, value in stage_samples(delta):
+        found.setdefault(source, empty_source())[f"{step}_{kind}"] += value
     for source, entry in found.items():
         for name, key in (("bytes", series.MEDIA_BYTES), ("redundant", series.MEDIA_REDUNDANT),
                           ("redundant_s", series.MEDIA_REDUNDANT_S),
