@@ -88,3 +88,41 @@ def test_ranges_that_overlap_take_lanes_of_their_own(tmp_path):
     names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert names == {LANE_TID_BASE: "mmscope lane 0", LANE_TID_BASE + 1: "mmscope lane 1"}
     assert json.loads((tmp_path / "t.trace.json").read_text())  # still strict JSON
+
+
+def test_the_render_rows_apply_once_an_item_comes_by_url():
+    """Without the TTFT split, a process given only objects (the offline LLM's PIL images)
+    never applies the render and processor rows; the first item by URL applies them, and its
+    fetch and decode are timed and counted, through vLLM's own MediaConnector."""
+    import base64
+    import io
+
+    from vllm.multimodal.media.connector import MediaConnector
+
+    from mmscope import stages
+    from mmscope.demo.media import image
+    from mmscope.emit.stage_timer import FRONTEND
+    from mmscope.vllm import media as adapter, targets
+    from mmscope.vllm.patching import Status, When
+
+    rows = [r for r in targets.TABLE if r.name.startswith("media.")]
+    later = [r for r in rows if r.when is When.MEDIA]
+    buf = io.BytesIO()
+    image(1).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    try:
+        for row in rows:
+            row.revert()
+            if row.when is When.START:
+                row.apply()
+        assert later and {r.status for r in later} == {Status.NOT_APPLIED}
+        FRONTEND.drain(), adapter.COUNTS.drain()
+        assert MediaConnector().fetch_image(url).size == (32, 32)
+        assert {r.status for r in later} == {Status.APPLIED}
+        timed = FRONTEND.drain()
+        assert [len(timed[stages.media_range(step, "data_url", "image")])
+                for step in ("fetch", "decode")] == [1, 1]
+        assert adapter.COUNTS.drain() == {"bytes:data_url:image": len(buf.getvalue())}
+    finally:
+        for row in rows:
+            row.revert()

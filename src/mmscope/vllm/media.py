@@ -14,7 +14,7 @@ from mmscope import stages
 from mmscope.carry import media
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import ENABLED, FRONTEND
-from mmscope.vllm.patching import Status
+from mmscope.vllm.patching import Status, When
 
 COUNTS = media.MediaCounts()
 LOOKUPS = media.Lookups()
@@ -26,6 +26,7 @@ CURRENT: contextvars.ContextVar[media.Render | None] = contextvars.ContextVar(
 _loading: dict[int, media.Item] = {}
 # The row that admits requests to the TTFT split: renders wait for it by arrival time only then.
 ASSIGN_ROW = "request_times.assigned"
+LOOKUP_ROW = "media.cache_lookup"  # one of the rows applied once media come by URL
 
 
 class Renders:
@@ -75,6 +76,9 @@ def _begin(hook, url, media_io) -> media.Item | None:
         modality = modality_of(media_io) if source else None
         if modality is None:
             return None  # embeddings, or a URL vLLM refuses: not a media item
+        table = hook.table
+        if table.by_name[LOOKUP_ROW].status is Status.NOT_APPLIED:
+            table.apply(When.MEDIA, table.version)  # this render's prompts are processed after
         name = stages.media_range(stages.MEDIA_FETCH, source, modality)
         item = media.Item(source, modality, time.perf_counter_ns(),
                           tracing.interval(name) if tracing.on else None)

@@ -84,7 +84,9 @@ API_SERVER_ROWS = [
                (), processor.dummy_inputs_made, RANGES),
     # Media before the processor (vllm/media.py): each item's fetch, then its decode by the media
     # IO vLLM made for it; each chat render's items and processing, for the TTFT split and the
-    # fetches the processor cache made pointless.
+    # fetches the processor cache made pointless: those rows apply once an item comes by URL
+    # (or at start with the split on), so a process given only objects (the offline LLM's PIL
+    # images) pays nothing for them.
     api_server("media.load", f"{MEDIA}.connector:MediaConnector.load_from_url",
                ("url", "media_io"), media.item_loaded, RANGES),
     api_server("media.load_async", f"{MEDIA}.connector:MediaConnector.load_from_url_async",
@@ -97,16 +99,17 @@ API_SERVER_ROWS = [
                media.bytes_decoded, RANGES),
     api_server("media.decode.audio_file", f"{MEDIA}.audio:AudioMediaIO.load_file", ("filepath",),
                media.file_decoded, RANGES),
-    api_server("media.render", f"{RENDERER}.render_chat", (), media.chat_rendered, RANGES),
+    api_server("media.render", f"{RENDERER}.render_chat", (), media.chat_rendered, RANGES,
+               When.MEDIA),
     api_server("media.render_async", f"{RENDERER}.render_chat_async", (),
-               media.chat_rendered_async, RANGES),
+               media.chat_rendered_async, RANGES, When.MEDIA),
     api_server("media.processed", f"{RENDERER}.process_for_engine", ("prompt", "arrival_time"),
-               media.processed, RANGES),
+               media.processed, RANGES, When.MEDIA),
     api_server("media.processed_async", f"{RENDERER}.process_for_engine_async",
-               ("prompt", "arrival_time"), media.processed_async, RANGES),
-    api_server("media.cache_lookup",
+               ("prompt", "arrival_time"), media.processed_async, RANGES, When.MEDIA),
+    api_server(media.LOOKUP_ROW,
                "vllm.multimodal.processing.processor:BaseMultiModalProcessor._get_cache_missing_items",
-               ("mm_hashes",), media.cache_looked_up, RANGES),
+               ("mm_hashes",), media.cache_looked_up, RANGES, When.MEDIA),
     # vLLM's output processor made with tracing on (--otlp-traces-endpoint) applies the OTLP rows
     # below; it is made once, so without tracing nothing is applied per request. EngineCore
     # reads the same switch from its scheduler's config (scheduler.scheduler_created).
