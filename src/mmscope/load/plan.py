@@ -166,11 +166,6 @@ def prompt_text(seed: int, level: int, index: int) -> str:
     return f"Request {index} of level {level} (seed {seed}): what do these images show?"
 
 
-def png_data_url(seed: int, level: int, image: int, size: tuple[int, int]) -> str:
-    return "data:image/png;base64," + base64.b64encode(
-        image_file(seed, level, image, size, "png")).decode()
-
-
 def image_file(seed: int, level: int, image: int, size: tuple[int, int], fmt: str) -> bytes:
     import numpy as np
     from PIL import Image
