@@ -274,7 +274,7 @@ def _media_table(rows: list[dict]):
 
     table = Table()
     for name in ("reuse", "source", "requests", "items", "fetch ms", "decode ms", "KiB fetched",
-                 "fetched though cached (s)", "failed", "TTFT p50/p90 ms"):
+                 "fetched though cached", "failed", "TTFT p50/p90 ms"):
         table.add_column(name, justify="right")
     for r in rows:
         for source, m in r["media"]["by_source"].items():
