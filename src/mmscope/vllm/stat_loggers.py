@@ -231,8 +231,9 @@ def stats_logged(hook, wrapped, log_logger, args, kwargs):
 
 class EncoderHitRateFilter(logging.Filter):
     """Appends `Encoder cache hit rate: X.X%`, the encoder work saved in embeddings (and the
-    encoder work avoided per item sent, while the window holds items the prefix cache spared) to
-    the stats line of the logger whose log() is running."""
+    encoder work avoided per item sent, while the window holds items the prefix cache spared),
+    and the media fetched though the processor cache held them since the last line, to the stats
+    line of the logger whose log() is running."""
 
     MARKER = "Avg prompt throughput"
 
