@@ -10,6 +10,12 @@ from dataclasses import dataclass
 # --- API server (process 0) -------------------------------------------------------------
 HASH_PREFIX = "mm:hash:"
 PROCESSOR_PREFIX = "mm:processor:"
+MEDIA_PREFIX = "mm:media:"
+# Before the processor, one item at a time: its bytes (HTTP download, file read, a data URL's
+# base64 decode), then bytes to image, video frames or audio samples.
+MEDIA_FETCH, MEDIA_DECODE = "fetch", "decode"
+MEDIA_SOURCES = ("http", "data_url", "file")
+MEDIA_MODALITIES = ("image", "video", "audio")
 
 # Branches of vLLM's MultiModalHasher.serialize_item, one range name each.
 HASH_BRANCHES = ("bytes", "str", "number", "pil_image", "image_bytes", "video", "tensor",
@@ -56,6 +62,26 @@ def hash_range(branch: str) -> str:
     return HASH_PREFIX + branch
 
 
+def media_range(step: str, source: str, modality: str) -> str:
+    """`mm:media:<fetch|decode>:<source>:<modality>`: the stage histogram's `stage` label carries
+    both, as `mm:hash:<branch>` carries its branch."""
+    return f"{MEDIA_PREFIX}{step}:{source}:{modality}"
+
+
+def parse_media_range(name: str) -> tuple[str, str, str] | None:
+    """(step, source, modality) of a media range name, or None."""
+    if not name.startswith(MEDIA_PREFIX):
+        return None
+    parts = name[len(MEDIA_PREFIX):].split(":")
+    return tuple(parts) if len(parts) == 3 else None
+
+
+def media_stages(modalities) -> tuple[str, ...]:
+    """The media stages of a model accepting `modalities`: each step, source and modality."""
+    return tuple(media_range(step, source, m) for step in (MEDIA_FETCH, MEDIA_DECODE)
+                 for source in MEDIA_SOURCES for m in modalities if m in MEDIA_MODALITIES)
+
+
 def processor_range(vllm_stage: str) -> str:
     """Range name for one of vLLM's TimingContext stages (unknown stages keep their name)."""
     return PROCESSOR_PREFIX + PROCESSOR_STAGES.get(vllm_stage, vllm_stage)
@@ -99,17 +125,22 @@ PARENTS[FORWARD] = None
 ALL_FIXED = (PREPROCESS, FORWARD, POSTPROCESS) + PREPROCESS_SIBLINGS
 
 # Every stage the stage timer measures (the `stage` label of vllm:mm_stage_duration_seconds):
-# a hash of several items at once is "mixed".
+# a hash of several items at once is "mixed"; the media stages of the modalities a model
+# accepts come with them (media_stages).
 TIMED_STAGES = (tuple(hash_range(b) for b in HASH_BRANCHES + ("mixed",))
                 + tuple(PROCESSOR_PREFIX + s for s in PROCESSOR_STAGES.values())
                 + PREPROCESS_SIBLINGS)
 
 # --- the parts of a multimodal request's time to first token (docs/design.md §4a) -----------
-# The `part` label of vllm:request_ttft_part_seconds; they add up to the request's TTFT.
-TTFT_API = "api_processing"  # API server: media, chat template, tokens, hashing, HF processor
+# The `part` label of vllm:request_ttft_part_seconds; they add up to the request's TTFT. The
+# first three split the API server's processing (vLLM's arrival until the request leaves it).
+TTFT_MEDIA = "media"  # its items fetched and decoded, as wall time (concurrent items count once)
+TTFT_RENDER = "render"  # the rest of the API server's processing: chat template, tokens
+TTFT_PROCESSOR = "processor"  # the multimodal processor: hashing, cache lookup, HF processor
 TTFT_QUEUE = "queue"  # EngineCore: queued until first scheduled
 TTFT_ENCODER = "encoder"  # its share of the encoder steps that computed its items
 TTFT_EC_LOAD = "ec_load"  # its share of the EC connector loads of its items
 TTFT_PREFILL = "prefill"  # first scheduled until first token, less encoder and EC load
 TTFT_OTHER = "other"  # hand-offs between processes, output path: what is not attributed
-TTFT_PARTS = (TTFT_API, TTFT_QUEUE, TTFT_ENCODER, TTFT_EC_LOAD, TTFT_PREFILL, TTFT_OTHER)
+TTFT_API_PARTS = (TTFT_MEDIA, TTFT_RENDER, TTFT_PROCESSOR)
+TTFT_PARTS = (*TTFT_API_PARTS, TTFT_QUEUE, TTFT_ENCODER, TTFT_EC_LOAD, TTFT_PREFILL, TTFT_OTHER)

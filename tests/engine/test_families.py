@@ -10,7 +10,7 @@ import time
 import pytest
 
 from mmscope import stages
-from mmscope.demo import tiny_model
+from mmscope.demo import media, tiny_model
 from mmscope.emit import tracing
 from tests.kit import otlp, traces as tk
 from tests.kit.engine import EncoderWork, counters, offline_llm
@@ -50,7 +50,8 @@ def family(request, tmp_path_factory):
     get_instrumentor().instrument()  # the start of a process
     work = EncoderWork(MODEL_CLASSES[arch])
     llm = offline_llm(model, limit_mm_per_prompt={m: 2 for m in MODALITIES[arch]},
-                      enable_prefix_caching=False)  # every repeat is an encoder-cache query
+                      enable_prefix_caching=False,  # every repeat is an encoder-cache query
+                      allowed_local_media_path=str(tmp_path_factory.mktemp(f"media-{arch}")))
     work.reset()
     yield arch, tiny_model.family(arch), llm, trace_dir, work
     work.close()
@@ -226,6 +227,55 @@ def test_image_and_video_in_one_request(family):
     hashes = sorted(r.name for r in rs if r.name.startswith(stages.HASH_PREFIX))
     assert hashes == sorted([stages.hash_range("pil_image")]
                             + [stages.hash_range(HASH_BRANCH["video"])] * 2)
+
+
+def wav(i: int) -> bytes:
+    import io
+
+    import soundfile
+
+    samples, rate = media.audio(i)
+    buf = io.BytesIO()
+    soundfile.write(buf, samples, rate, format="WAV")
+    return buf.getvalue()
+
+
+def media_part(llm, modality: str, source: str, i: int) -> dict:
+    """An OpenAI chat part: a data URL as clients send bytes inline, or a file URL under the
+    engine's --allowed-local-media-path."""
+    import base64
+    import os
+
+    if modality == "video":
+        return {"type": "video_url", "video_url": {"url": video_data_url(i)}}
+    if source == "data_url":
+        return {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav(i)).decode(),
+                                                       "format": "wav"}}
+    path = os.path.join(llm.llm_engine.model_config.allowed_local_media_path, f"clip-{i}.wav")
+    with open(path, "wb") as f:
+        f.write(wav(i))
+    return {"type": "audio_url", "audio_url": {"url": "file://" + path}}
+
+
+@pytest.mark.parametrize("family,source", [("qwen2_5_vl", "data_url"), ("qwen2_audio", "data_url"),
+                                           ("qwen2_audio", "file")], indirect=["family"])
+def test_a_video_and_an_audio_by_url_have_their_fetch_and_decode_stages(family, source):
+    """A chat's mp4 video and wav audio (data URLs; the audio as a file too, which vLLM's audio
+    decoder reads itself), fetched and decoded by vLLM's media IO on this thread: each a fetch
+    (the base64 decode, the file's path) then a decode range of its modality."""
+    from vllm import SamplingParams
+
+    arch, _, llm, trace_dir, _ = family
+    modality = "video" if arch == "qwen2_5_vl" else "audio"
+    t0 = now_us()
+    llm.chat([{"role": "user", "content": [media_part(llm, modality, source, 900),
+                                           {"type": "text", "text": "What is it?"}]}],
+             SamplingParams(max_tokens=1), use_tqdm=False)
+    rs = ranges_since(trace_dir, t0)
+    fetch = tk.named(rs, stages.media_range("fetch", source, modality))
+    decode = tk.named(rs, stages.media_range("decode", source, modality))
+    assert len(fetch) == len(decode) == 1
+    assert fetch[0].end <= decode[0].start
 
 
 def test_a_server_counts_a_chat_video(tmp_path_factory, tmp_path, otlp_receiver):

@@ -138,3 +138,28 @@ def test_the_prefix_plan_shows_the_encoder_work_the_prefix_cache_spares(traced_s
     assert level["observed_queries"] == level["observed_misses"] == level["distinct_images"] == 4
     assert level["observed_avoided_rate"] == 0.5
     assert level["verdict"]["text"] == "hits match the plan (4 of 4) (0 hits, 4 prefix-covered)"
+
+
+def test_images_by_http_url_show_their_fetch_and_the_ttft_it_cost(traced_server):
+    """`--media data_url,http --media-latency 200ms`: requests take turns; the http ones wait for
+    the media server, so their fetch (by source, from the server's stage histogram) holds the
+    latency and so does their TTFT; the fetches and bytes match the plan, and the repeats' fetches
+    are the ones the processor cache made pointless."""
+    out = load_json(traced_server.url, *TINY, "--reuse", "0.5", "--requests", "8",
+                    "--concurrency", "2", "--seed", "103", "--media", "data_url,http",
+                    "--media-latency", "200ms")
+    (level,) = out["levels"]
+    assert out["media"]["sources"] == ["data_url", "http"] and out["media"]["latency_ms"] == 200
+    assert level["verdict"]["status"] == "match"
+    http, data = level["media"]["by_source"]["http"], level["media"]["by_source"]["data_url"]
+    assert (http["requests"], http["items"], data["requests"], data["items"]) == (4, 4, 4, 4)
+    assert http["fetch_ms"]["mean"] >= 200 > data["fetch_ms"]["mean"]
+    assert http["ttft_ms"]["p50"] >= 200 > data["ttft_ms"]["p50"]
+    f = level["media"]["fetches"]
+    assert f["planned"] == f["served"] == f["counted"] == 4
+    assert f["planned_bytes"] == f["served_bytes"] == f["counted_bytes"] == http["bytes"] > 0
+    assert "fetches match the plan (4 fetches" in level["verdict"]["text"]
+    # every repeat's content was in the processor cache when it was fetched again
+    redundant = http["redundant_fetches"] + data["redundant_fetches"]
+    assert redundant == level["planned_hits"] == 4
+    assert level["ttft_parts"]["miss"]["parts"]["media"]["mean_ms"] > 0

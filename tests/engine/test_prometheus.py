@@ -20,8 +20,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from mmscope import stages
 from tests.kit.prometheus import JOB, Prometheus, check_metrics
-from tests.kit.server import chat, metrics
+from tests.kit.server import chat, metrics, png
 
 pytestmark = pytest.mark.vllm
 
@@ -30,7 +31,7 @@ DASHBOARD = os.path.join(ROOT, "dashboards", "mmscope.json")
 EMBEDS_PER_IMAGE = 16  # the tiny LLaVA's 32x32 image in 8x8 patches
 CAPACITY = 512  # vLLM sizes the encoder cache to the step's token budget, set below: 32 images
 LONG_TEXT = "Describe the picture in detail, " * 40  # over a full KV block after the image
-OURS = re.compile(r"^vllm:(encoder_cache_|mm_stage_)")
+OURS = re.compile(r"^vllm:(encoder_cache_|mm_stage_|mm_media_)")
 PROBE = "vllm:encoder_cache_queries_total"
 
 
@@ -46,6 +47,7 @@ class Truth:
     mm_queries: int  # vLLM's processor cache, which sees every item sent
     mm_hits: int
     usage_embeds: int
+    refetched: int  # items sent again whose content the processor cache held at their lookup
     deferrals: int = 0
     evictions: int = 0
 
@@ -58,21 +60,24 @@ WINDOW_A = [([11], "What is this?"), ([12], "What is this?"), ([13], "What is th
             ([14], "What is this?"),
             ([21, 21], "Twice?"), ([11, 22], "Old and new?"),
             ([31], LONG_TEXT), ([31], LONG_TEXT)]
+# The processor cache counts the second copy in one request as a hit (mm_hits), yet both copies
+# were looked up before either was in it: only the 4 repeats, 11 and the second 31 are refetched.
 TRUTH_A = Truth(queries=13, hits=6, misses=7, by_source={"local": 5, "in_step": 1, "connector": 0},
                 prefix_covered=1, mm_queries=14, mm_hits=7,
-                usage_embeds=7 * EMBEDS_PER_IMAGE)
+                usage_embeds=7 * EMBEDS_PER_IMAGE, refetched=6)
 # Window B: three new images, one at a time (one encoder forward each), and one repeat.
 WINDOW_B = [([41], "What is this?"), ([42], "What is this?"), ([43], "What is this?"),
             ([41], "What is this?")]
 TRUTH_B = Truth(queries=4, hits=1, misses=3, by_source={"local": 1, "in_step": 0, "connector": 0},
                 prefix_covered=0, mm_queries=4, mm_hits=1,
-                usage_embeds=10 * EMBEDS_PER_IMAGE)
+                usage_embeds=10 * EMBEDS_PER_IMAGE, refetched=1)
 ENCODER_FORWARDS_B = 3
 # Window C: new images past the cache's capacity, one at a time. 160 of 512 embeds are held after
 # B, so 22 more fit; each one after that evicts one (16-embed) entry.
 WINDOW_C = [([100 + i], "What is this?") for i in range(25)]
 TRUTH_C = Truth(queries=25, hits=0, misses=25, by_source={"local": 0, "in_step": 0, "connector": 0},
-                prefix_covered=0, mm_queries=25, mm_hits=0, usage_embeds=CAPACITY, evictions=3)
+                prefix_covered=0, mm_queries=25, mm_hits=0, usage_embeds=CAPACITY, evictions=3,
+                refetched=0)
 ENCODER_STAGE = "gpu_model_runner: vit_forward"
 TRANSFER_PANELS = ("EC transfer items / s", "EC transfer bytes / s", "EC transfer seconds per item")
 
@@ -87,6 +92,7 @@ class Window:
     page_before: str
     page_after: str
     truth: Truth
+    workload: list
     values: dict = field(default_factory=dict)
 
     @property
@@ -143,7 +149,7 @@ def run_window(srv, prom, workload, truth: Truth) -> Window:
         chat(srv.url, srv.model, images, text)
     page_after = settled(srv, truth, before)
     end = prom.wait_for_scrape_after(PROBE, time.time())
-    return Window(start, end, page_before, page_after, truth)
+    return Window(start, end, page_before, page_after, truth, workload)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +170,8 @@ def scraped(tiny_model, tmp_path_factory):
 
 
 def expected_any(title: str, ref: str, w: Window, ids: dict[str, str]) -> dict | None:
-    for expected in (expected_counters(title, ref, w, ids), expected_stages(title, ref, w)):
+    for expected in (expected_counters(title, ref, w, ids), expected_stages(title, ref, w),
+                     expected_media(title, ref, w)):
         if expected is not None:
             return expected
     return expected_ttft(title, ref, w)
@@ -193,7 +200,8 @@ def filler(rate_range: str):
             escaped = "|".join(re.escape(v).replace("\\", "\\\\") for v in vals)
             expr = expr.replace(f"${name}", escaped)
         expr = expr.replace("$__rate_interval", rate_range)
-        assert "$" not in expr, f"unfilled variable in {expr}"
+        # "$1" is label_replace's first group: Grafana leaves what names no variable alone
+        assert not re.search(r"\$(?!\d)", expr), f"unfilled variable in {expr}"
         return expr
     return fill
 
@@ -295,6 +303,56 @@ def expected_stages(title: str, ref: str, w: Window) -> dict | None:
     return None
 
 
+MEDIA_SOURCES = ("http", "data_url", "file")
+
+
+def sent_bytes(workload) -> int:
+    """The images' bytes as the server fetched them: their data URLs' base64 decoded."""
+    return sum(len(png(i)) for images, _ in workload for i in images)
+
+
+def counter_total(page: str, name: str) -> float:
+    return sum(s.value for family in text_string_to_metric_families(page)
+               for s in family.samples if s.name == name)
+
+
+def media_means(w: Window, step: str, label: str) -> dict:
+    """Mean seconds per item of the window's mm:media:<step> stages, by source or modality."""
+    at = {"source": 1, "modality": 2}[label]
+    by = (lambda labels: stages.parse_media_range(labels["stage"]) or ("",) * 3)
+    delta = ttft_delta(w, "vllm:mm_stage_duration_seconds", by)
+    means: dict = {}
+    for (got_step, *values), h in delta.items():
+        if got_step == step and h["count"]:
+            key = (label, values[at - 1])
+            total, count = means.get(key, (0.0, 0.0))
+            means[key] = (total + h["sum"], count + h["count"])
+    return {(key,): total / count for key, (total, count) in means.items()}
+
+
+def expected_media(title: str, ref: str, w: Window) -> dict | None:
+    """The media row: the window's images all sent as data URLs, each fetched (its base64
+    decoded) and decoded once; the repeats the processor cache held are refetched."""
+    per_s = 1 / w.seconds
+    if title == "Fetch time per item, by source":
+        return media_means(w, "fetch", "source")
+    if title == "Decode time per item, by modality":
+        return media_means(w, "decode", "modality")
+    if title == "Bytes fetched / s, by source":
+        sent = sent_bytes(w.workload)
+        return {(("source", s),): (sent if s == "data_url" else 0) * per_s for s in MEDIA_SOURCES}
+    if (title, ref) == ("Fetched though cached / s", "A"):
+        return {(("source", s),): (w.truth.refetched if s == "data_url" else 0) * per_s
+                for s in MEDIA_SOURCES}
+    if (title, ref) == ("Fetched though cached / s", "B"):
+        name = "vllm:mm_media_redundant_fetch_seconds_total"
+        return {(): (counter_total(w.page_after, name) - counter_total(w.page_before, name))
+                * per_s}
+    if title == "Failed fetches / s, by step":
+        return {(("step", "fetch"),): 0.0, (("step", "decode"),): 0.0}
+    return None
+
+
 def ttft_delta(w: Window, name: str, by) -> dict:
     return histogram_delta(stage_histograms(w.page_before, name, by),
                            stage_histograms(w.page_after, name, by))
@@ -357,9 +415,12 @@ def test_capacity_is_set_before_the_first_image(scraped):
 
 
 def expected_from_start(title: str, ref: str, w: Window, ids: dict[str, str]) -> dict | None:
-    """Counters, gauges and the TTFT histograms: every series of theirs exists from the start."""
-    counters = expected_counters(title, ref, w, ids)
-    return counters if counters is not None else expected_ttft(title, ref, w)
+    """Counters, gauges, the TTFT histograms and the media row: every series of theirs exists
+    from the start."""
+    for expected in (expected_counters(title, ref, w, ids), expected_media(title, ref, w)):
+        if expected is not None:
+            return expected
+    return expected_ttft(title, ref, w)
 
 
 def test_counter_and_ttft_panels_equal_the_truth_from_the_engine_start(scraped):

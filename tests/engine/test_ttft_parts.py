@@ -3,39 +3,22 @@ parts add up to vLLM's TTFT, the client's TTFT is them plus a rest, hits spare t
 and the encoder shares add up to the encoder's own time."""
 from __future__ import annotations
 
-import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from mmscope import stages
 from tests.kit import server as ks
+from tests.kit.server import probe_lines
 
 pytestmark = [pytest.mark.vllm, pytest.mark.runners]
 
 PARTS, TOTAL, STAGE = ("request_ttft_part_seconds", "request_mm_time_to_first_token_seconds",
                        "mm_stage_duration_seconds")
-PROBE = re.compile(r"mm_ttft_probe req=(\S+) encoder_cache=(hit|miss) (.*)$")
 # The client waits beyond vLLM's own TTFT for the HTTP request's way in (body, validation: before
 # vLLM's arrival time), the first chunk's way out and its own thread's turn: never less than vLLM's
 # TTFT. How much more is wall time, printed here (`pytest -s`) and by `mmscope load`, never asserted
 # (docs/design.md §4a states the figures measured).
-
-
-def probe_lines(srv, ids: set[str], timeout_s: float = 15) -> dict[str, tuple[str, dict]]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = {}
-        for line in srv.log_text().splitlines():
-            m = PROBE.search(line)
-            if m and m[1] in ids:
-                assert m[1] not in found, f"two probe lines for {m[1]}"
-                values = dict(kv.split("=") for kv in m[3].split())
-                found[m[1]] = (m[2], {k: float(v) for k, v in values.items()})
-        if len(found) == len(ids) or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +60,7 @@ def test_the_parts_add_up_to_vllms_ttft_and_hits_spare_the_encoder(scripted):
         assert abs(sum(parts) - v["ttft"]) < 1e-5, (rid, v)  # six decimals per printed part
         assert v["ec_load"] == 0  # no connector here
         assert (v["encoder"] > 0) == (outcome == "miss"), (rid, v)
-        assert v["api_processing"] > 0 and v["prefill"] > 0
+        assert v["media"] > 0 and v["render"] > 0 and v["processor"] > 0 and v["prefill"] > 0
 
 
 def test_the_client_ttft_is_the_parts_plus_a_rest(scripted):

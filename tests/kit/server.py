@@ -8,6 +8,9 @@ import io
 import os
 import tempfile
 
+import re
+import time
+
 import httpx
 
 from mmscope.expose import readout
@@ -15,10 +18,16 @@ from tests.kit.engine import image
 
 
 @functools.lru_cache(maxsize=256)
-def data_url(i: int) -> str:
+def png(i: int) -> bytes:
+    """Image i's PNG file, as a client would upload or link it."""
     buf = io.BytesIO()
     image(i).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=256)
+def data_url(i: int) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(i)).decode()
 
 
 def video_data_url(i: int, frames: int = 4, size=(56, 56), fps: float = 2.0) -> str:
@@ -93,3 +102,21 @@ def histograms(url: str, *names: str) -> dict[str, float]:
     """/metrics counters and gauges, and the samples of the named histograms."""
     return readout.from_prometheus_text(httpx.get(f"{url}/metrics", timeout=30).text,
                                         histograms=names)
+
+
+PROBE = re.compile(r"mm_ttft_probe req=(\S+) encoder_cache=(hit|miss) (.*)$")
+
+
+def probe_lines(srv, ids: set[str], timeout_s: float = 15) -> dict[str, tuple[str, dict]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = {}
+        for line in srv.log_text().splitlines():
+            m = PROBE.search(line)
+            if m and m[1] in ids:
+                assert m[1] not in found, f"two probe lines for {m[1]}"
+                values = dict(kv.split("=") for kv in m[3].split())
+                found[m[1]] = (m[2], {k: float(v) for k, v in values.items()})
+        if len(found) == len(ids) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)

@@ -25,9 +25,9 @@ VIT = stages.VIT_FORWARD
 UNITS = {"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9}
 DURATION = re.compile(r"(\d+(?:\.\d+)?) (ns|µs|ms|s)\b")
 # (request is a hit, ttft, parts in stages.TTFT_PARTS order), in seconds
-REQUESTS = ((True, 0.10, (0.02, 0.01, 0.0, 0.0, 0.06, 0.01)),
-            (True, 0.14, (0.03, 0.01, 0.0, 0.0, 0.09, 0.01)),
-            (False, 0.30, (0.02, 0.02, 0.15, 0.0, 0.10, 0.01)))
+REQUESTS = ((True, 0.10, (0.01, 0.005, 0.005, 0.01, 0.0, 0.0, 0.06, 0.01)),
+            (True, 0.14, (0.01, 0.01, 0.01, 0.01, 0.0, 0.0, 0.09, 0.01)),
+            (False, 0.30, (0.01, 0.005, 0.005, 0.02, 0.15, 0.0, 0.10, 0.01)))
 
 
 def metrics_page(path) -> None:

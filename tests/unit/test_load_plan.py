@@ -60,16 +60,17 @@ def test_levels_and_probe_use_fresh_images():
     assert w.data_url(plan.PROBE_LEVEL, 0) not in urls[0] | urls[1]
 
 
-def test_images_are_pngs_of_the_size_asked():
+def test_images_are_files_of_the_format_and_size_asked():
     import base64
     import io
 
     from PIL import Image
 
-    url = plan.png_data_url(1, 0, 0, (48, 20))
-    assert url.startswith("data:image/png;base64,")
-    img = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
-    assert img.format == "PNG" and img.size == (48, 20)
+    for fmt in ("png", "jpeg"):
+        url = plan.build(1, [0.0], 1, 1, (48, 20), image_format=fmt).data_url(0, 0)
+        assert url.startswith(f"data:image/{fmt};base64,")
+        img = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+        assert img.format == fmt.upper() and img.size == (48, 20)
 
 
 def test_repeats_fill_whole_requests():

@@ -84,8 +84,25 @@ def busy_level() -> LevelResult:
              series.by_source("connector"): 1, series.cache_queries("mm_cache"): 9,
              series.cache_hits("mm_cache"): 4, series.cache_queries("prefix_cache"): 320,
              series.cache_hits("prefix_cache"): 64, series.QUERY_EMBEDS: 112,
-             series.HIT_EMBEDS: 32, series.PREFIX_COVERED_EMBEDS: 16, **SERVER_TTFT}
+             series.HIT_EMBEDS: 32, series.PREFIX_COVERED_EMBEDS: 16, **SERVER_TTFT,
+             **SERVER_MEDIA}
     return LevelResult(SIX, timed(SIX), 1.5, delta, 32, 16)
+
+
+# The server's media counts over the level: six data URLs fetched in 12 ms and decoded in 18 ms
+# in all, 6000 bytes, three of them already in the processor cache (4.5 ms of it).
+SERVER_MEDIA = {f"{series.STAGES}_{kind}{{stage=mm:media:{step}:data_url:image}}": value
+                for step, total in (("fetch", 0.012), ("decode", 0.018))
+                for kind, value in (("sum", total), ("count", 6))}
+SERVER_MEDIA.update({f"{key}{{modality=image,source=data_url}}": value for key, value in (
+    (series.MEDIA_BYTES, 6000), (series.MEDIA_REDUNDANT, 3), (series.MEDIA_REDUNDANT_S, 0.0045))})
+SERVER_MEDIA[f"{series.MEDIA_FAILED}{{modality=image,source=data_url,step=fetch}}"] = 0
+BUSY_MEDIA = {"by_source": {"data_url": {
+    "requests": 6, "items": 6, "fetch_ms": {"mean": 2.0, "total": 12.0},
+    "decode_ms": {"mean": 3.0, "total": 18.0}, "bytes": 6000, "failed": 0,
+    "redundant_fetches": 3, "redundant_ms": 4.5,
+    # client TTFTs 10..60 ms
+    "ttft_ms": {"p50": 35.0, "p90": 55.0}}}, "fetches": None}
 
 
 # The server's TTFT histograms over the level: six misses, 180 ms in all (the client measured
@@ -133,6 +150,7 @@ BUSY_JSON = {
     # repeats: requests 2, 4, 5 (30, 50, 60 ms); new: 0, 1, 3 (10, 20, 40 ms)
     "ttft_ms": {"repeat_p50": 50.0, "repeat_p90": 58.0, "new_p50": 20.0, "new_p90": 36.0},
     "ttft_parts": BUSY_TTFT_PARTS,
+    "media": BUSY_MEDIA,
     "e2e_ms": {"p50": 125.0, "p90": 145.0},
     "wall_s": 1.5, "throughput_rps": 4.0,
     "verdict": {"status": EXPLAINED, "text": (
@@ -148,6 +166,7 @@ def test_level_json_holds_every_figure():
                                 "new_p90": 19.0}
     assert (quiet["capacity_allows_hits"], quiet["throughput_rps"], quiet["planned_hit_rate"]) \
         == (None, 1.0, 0.0)
+    assert quiet["media"] == {"by_source": {}, "fetches": None}  # the server counted none
 
 
 def test_run_json_holds_the_run_and_every_level():
@@ -156,7 +175,9 @@ def test_run_json_holds_the_run_and_every_level():
     levels = out.pop("levels")
     assert out == {"url": "http://x:1", "model": "m", "seed": 5, "requests_per_level": 6,
                    "images_per_request": 1, "concurrency": 2, "image_size": [32, 24],
-                   "embeds_per_image": 16, "prefix_plan": False, "ok": True}
+                   "embeds_per_image": 16, "prefix_plan": False, "ok": True,
+                   "media": {"sources": ["data_url"], "format": "png", "latency_ms": 0.0,
+                             "jitter_ms": 0.0, "vary_urls": False}}
     assert levels[0] == BUSY_JSON and len(levels) == 2
 
 
@@ -175,9 +196,10 @@ def table_rows(lines: list[str]) -> list[list[str]]:
 def test_terminal_report_prints_every_figure():
     info = RunInfo("http://x:1", "m", 5, 6, 1, 2, (32, 24), 16)
     lines = printed(info, [busy_level(), quiet_level()])
-    assert lines[:3] == ["mmscope load: http://x:1, model m, seed 5",
-                         "per level: 6 requests of 1 image, concurrency 2; 32x24 images "
+    assert lines[:4] == ["mmscope load: http://x:1, model m, seed 5",
+                         "per level: 6 requests of 1 image, concurrency 2; 32x24 png images "
                          "(16 embeds each); encoder cache 32 embeds",
+                         "images sent as data_url",
                          "encoder cache per reuse level"]
     assert table_rows(lines) == [
         # reuse, requests, images, planned hits, queries, hits, prefix covered, hit rate (plan),
@@ -190,8 +212,12 @@ def test_terminal_report_prints_every_figure():
         ["0.5", "1", "0", "1", "3", "1", "1", "4 / 9", "64 / 320"],
         ["0", "0", "0", "0", "0", "0", "-", "0 / 0", "0 / 0"],
         # reuse, outcome, requests, TTFT, api, queue, encoder, ec_load, prefill, other, beyond
-        ["0.5", "miss", "6", "31.2 / 46.2", "- / -", "- / -", "5.0 / 9.0", "- / -", "- / -",
-         "- / -", "5.0"],
+        # reuse, outcome, requests, TTFT, media, render, processor, queue, encoder, ec_load,
+        # prefill, other, beyond
+        ["0.5", "miss", "6", "31.2 / 46.2", "- / -", "- / -", "- / -", "- / -", "5.0 / 9.0",
+         "- / -", "- / -", "- / -", "5.0"],
+        # reuse, source, requests, items, fetch ms, decode ms, KiB, though cached, failed, TTFT
+        ["0.5", "data_url", "6", "6", "2.0", "3.0", "5.9", "3 (4 ms)", "0", "35.0 / 55.0"],
     ]
     assert "hits by source, capacity, and vLLM's other caches" in lines
     assert lines[-2:] == [f"reuse 0.5: {BUSY_JSON['verdict']['text']}",
@@ -203,7 +229,8 @@ def test_header_when_the_server_did_not_say():
     level = quiet_level()
     level.embeds_per_image = None
     assert printed(info, [level])[1] == ("per level: 1 request of 3 images, concurrency 1; 8x8 "
-                                         "images (unknown embeds each); encoder cache unknown")
+                                         "png images (unknown embeds each); encoder cache "
+                                         "unknown")
 
 
 def test_a_server_without_the_ttft_split_gets_the_switch_named():

@@ -227,7 +227,7 @@ def test_the_table_shows_the_figures_of_the_json():
     lv = out["levels"][0]
     lines = table.stdout.splitlines()
     assert lines[0] == f"mmscope load: {url}, model m, seed 11"
-    assert lines[1] == ("per level: 8 requests of 1 image, concurrency 2; 16x16 images "
+    assert lines[1] == ("per level: 8 requests of 1 image, concurrency 2; 16x16 png images "
                         "(16 embeds each); encoder cache 48 embeds")
     rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in lines if ln.startswith("│")]
     cells = [row for row in rows if row and row[0] == "0.5"]

@@ -229,6 +229,36 @@ def test_the_stats_line_says_so_whenever_the_prefix_cache_spared_items(vllm_conf
                                     "of embeddings, Encoder work avoided: 100.0% of items")
 
 
+def test_the_api_servers_media_counts_reach_metrics_and_the_stats_line(vllm_config, metrics_hooks):
+    """Two http images fetched though the processor cache held them (0.8 s and 0.4 s), their
+    bytes, a failed fetch: on /metrics with the next stats recorded, and on the next stats line
+    only (it says what happened since the one before)."""
+    from mmscope.carry.media import Item
+    from mmscope.vllm import media
+
+    mgr = manager(vllm_config)
+    for ns in (800_000_000, 400_000_000):
+        media.COUNTS.cached("image", "http", ns)
+    item = Item("http", "image", 0)
+    item.bytes = 1234
+    media.COUNTS.loaded(item)
+    media.COUNTS.failed(item)  # before its bytes were in hand: a failed fetch
+    record(mgr, stats_with(wire((0, Decision.LOCAL_HIT))))
+    assert not media.COUNTS.pending
+    assert stats_line(mgr).endswith(", Media fetched though cached: 2 items, 1.20 s")
+    assert "Media fetched" not in stats_line(mgr)
+    s = samples("vllm:mm_media")
+    assert s[("vllm:mm_media_redundant_fetches_total", "0", "http")] == 2
+    assert s[("vllm:mm_media_redundant_fetch_seconds_total", "0", "http")] == pytest.approx(1.2)
+    assert s[("vllm:mm_media_fetched_bytes_total", "0", "http")] == 1234
+    assert s[("vllm:mm_media_fetched_bytes_total", "0", "data_url")] == 0  # at 0 from the start
+    failed = {(smp.labels["step"], smp.labels["source"]): smp.value
+              for family in text_string_to_metric_families(generate_latest(REGISTRY).decode())
+              for smp in family.samples if smp.name == "vllm:mm_media_failed_fetches_total"}
+    assert failed == {(step, source): float(step == "fetch" and source == "http")
+                      for step in ("fetch", "decode") for source in ("http", "data_url", "file")}
+
+
 def test_the_warm_up_is_no_traffic_for_the_stage_histogram(vllm_config, metrics_hooks):
     """vLLM's warm-up and profile runs hash and process dummy items for no request
     (BaseMultiModalProcessor.get_dummy_mm_inputs): no stage durations; a real input has them."""
@@ -256,8 +286,9 @@ def test_stage_durations_of_both_processes_reach_the_histogram(vllm_config, metr
         for smp in family.samples:
             if smp.name == "vllm:mm_stage_duration_seconds_count":
                 counts[smp.labels["stage"]] = smp.value
-    # every timed stage is there from the start (at 0), the two fed count their durations
-    assert counts == {**{stage: 0 for stage in stages.TIMED_STAGES},
+    # every timed stage is there from the start (at 0), the media stages of the model's
+    # modalities too; the two fed count their durations
+    assert counts == {**{stage: 0 for stage in stages.TIMED_STAGES + stages.media_stages(["image"])},
                       "mm:hash:pil_image": 1, "gpu_model_runner: vit_forward": 2}
     assert not FRONTEND.pending
 

@@ -25,7 +25,7 @@ def _samples(registry, engine="0") -> dict[tuple, float]:
             for family in text_string_to_metric_families(generate_latest(registry).decode())
             for s in family.samples
             if not s.name.endswith("_created") and s.labels.get("engine") == engine
-            and not s.name.startswith("vllm:mm_stage_duration")}
+            and not s.name.startswith(("vllm:mm_stage_duration", "vllm:mm_media_"))}
 
 
 def _wire(*decisions: tuple[int, Decision, str]) -> dict[str, int]:
@@ -104,6 +104,41 @@ def test_every_labelled_series_exists_at_zero_before_any_count():
     expected[("vllm:encoder_cache_capacity_bytes", None)] = 8192.0 * 8192
     for engine in ("0", "1"):
         assert _samples(registry, engine) == expected
+
+
+def test_every_media_series_exists_at_zero_for_each_source_and_modality():
+    registry, prom = _prom(["audio", "image"], engines=ENGINES)
+    found = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            if s.name.startswith("vllm:mm_media_") and not s.name.endswith("_created"):
+                labels = {k: v for k, v in s.labels.items() if k != "model_name"}
+                found[(s.name, tuple(sorted(labels.items())))] = s.value
+    sources, modalities = ("http", "data_url", "file"), ("audio", "image")
+    expected = {}
+    for engine in ("0", "1"):
+        for source in sources:
+            for m in modalities:
+                for name in ("fetched_bytes", "redundant_fetches", "redundant_fetch_seconds"):
+                    expected[(f"vllm:mm_media_{name}_total", (("engine", engine),
+                              ("modality", m), ("source", source)))] = 0.0
+                for step in ("fetch", "decode"):
+                    expected[("vllm:mm_media_failed_fetches_total", (
+                        ("engine", engine), ("modality", m), ("source", source),
+                        ("step", step)))] = 0.0
+    assert found == expected
+    prom.observe_media({"bytes:http:image": 2048, "cached_ns:http:image": 1_500_000_000}, 1)
+    s = {k: v for k, v in _all(registry).items() if k[1] == "1"}
+    assert s[("vllm:mm_media_fetched_bytes_total", "1", "http", "image")] == 2048
+    assert s[("vllm:mm_media_redundant_fetch_seconds_total", "1", "http", "image")] == 1.5
+
+
+def _all(registry) -> dict[tuple, float]:
+    return {(s.name, s.labels["engine"], s.labels["source"], s.labels["modality"]): s.value
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for s in family.samples
+            if s.name.startswith("vllm:mm_media_") and "step" not in s.labels
+            and not s.name.endswith("_created")}
 
 
 def test_a_text_only_model_has_its_source_series_and_no_capacity():

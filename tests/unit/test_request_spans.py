@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mmscope import stages
 from mmscope.carry import request_facts as rf, ttft
 from mmscope.carry.ledger import Decision, Item
 from mmscope.carry.span_join import HELD, HOLD_S, SpanJoin
 from mmscope.expose import otlp
 from mmscope.vllm.engine_state import EngineState
 
-PARTS = dict(zip(stages.TTFT_PARTS, (0.010, 0.002, 0.030, 0.004, 0.050, 0.003)))
+PARTS = {"media": 0.006, "render": 0.003, "processor": 0.001, "queue": 0.002, "encoder": 0.030,
+         "ec_load": 0.004, "prefill": 0.050, "other": 0.003}
 
 
 def item(req, idx, modality="image", embeds=16):
@@ -58,22 +58,23 @@ def test_child_spans_tile_the_ttft_in_the_order_of_time():
     queued = arrival + 0.010 + 0.001  # EngineCore queued it 1 ms after the API server was done
     spans = otlp.layout(split(), arrival, queued)
     assert [name for name, *_ in spans] == [
-        "ttft.api_processing", "ttft.other", "ttft.queue", "ttft.ec_load", "ttft.encoder",
-        "ttft.prefill", "ttft.other"]
+        "ttft.media", "ttft.render", "ttft.processor", "ttft.other", "ttft.queue", "ttft.ec_load",
+        "ttft.encoder", "ttft.prefill", "ttft.other"]
     start = int(arrival * 1e9)
     assert spans[0][1] == start and spans[-1][2] == start + round(sum(PARTS.values()) * 1e9)
     assert all(a[2] == b[1] for a, b in zip(spans, spans[1:]))
     lengths = [end - begin for _, begin, end in spans]
-    assert abs(lengths[1] - 1_000_000) < 1000 and abs(lengths[1] + lengths[-1] - 3_000_000) < 10
-    assert lengths[2:6] == [2_000_000, 4_000_000, 30_000_000, 50_000_000]
+    assert lengths[:3] == [6_000_000, 3_000_000, 1_000_000]
+    assert abs(lengths[3] - 1_000_000) < 1000 and abs(lengths[3] + lengths[-1] - 3_000_000) < 10
+    assert lengths[4:8] == [2_000_000, 4_000_000, 30_000_000, 50_000_000]
 
 
 def test_parts_of_no_length_get_no_span_and_the_way_in_never_exceeds_other():
     parts = dict(PARTS, encoder=0.0, ec_load=0.0)
     spans = otlp.layout(split(parts=parts), 100.0, 100.0 + 5.0)  # a clock far off: capped
     assert [name for name, *_ in spans] == [
-        "ttft.api_processing", "ttft.other", "ttft.queue", "ttft.prefill"]
-    assert spans[1][2] - spans[1][1] == round(parts["other"] * 1e9)
+        "ttft.media", "ttft.render", "ttft.processor", "ttft.other", "ttft.queue", "ttft.prefill"]
+    assert spans[3][2] - spans[3][1] == round(parts["other"] * 1e9)
 
 
 def made(calls):

@@ -40,7 +40,7 @@ def front(ttft_s=1.0, queue=0.1, prefill=0.6):
 def test_the_parts_add_up_whichever_half_comes_last():
     for engine_first in (True, False):
         join = ttft.TtftJoin()
-        join.assigned("r-1", 0.2)
+        join.assigned("r-1", ttft.ApiTimes(0.2, media_s=0.15, processor_s=0.03))
         if engine_first:
             join.engine_shares({"r-1": record(300_000_000, 50_000_000, 1)}, 1)
             assert not join.ready
@@ -54,7 +54,9 @@ def test_the_parts_add_up_whichever_half_comes_last():
         assert split.internal_id == "r-1"
         p = split.parts
         assert tuple(p) == stages.TTFT_PARTS
-        assert (p["api_processing"], p["queue"], p["encoder"], p["ec_load"]) == (0.2, 0.1, 0.3, 0.05)
+        assert (p["media"], p["processor"], p["queue"], p["encoder"], p["ec_load"]) == (
+            0.15, 0.03, 0.1, 0.3, 0.05)
+        assert abs(p["render"] - 0.02) < 1e-12  # the rest of the API server's 0.2 s
         assert abs(p["prefill"] - 0.25) < 1e-12 and abs(p["other"] - 0.1) < 1e-12
         assert abs(sum(p.values()) - split.ttft_s) < 1e-12
         assert not (join.api or join.front or join.engine)
@@ -62,7 +64,7 @@ def test_the_parts_add_up_whichever_half_comes_last():
 
 def test_a_request_whose_encoder_never_ran_is_a_hit_and_text_only_requests_are_ignored():
     join = ttft.TtftJoin()
-    join.assigned("r-1", 0.01)
+    join.assigned("r-1", ttft.ApiTimes(0.01))
     join.finished("text-only", front())
     join.finished("r-1", front())
     join.engine_shares({"r-1": record(0, 0, 0)}, 0)
@@ -75,7 +77,7 @@ def test_pending_halves_are_bounded_and_records_of_requests_not_split_are_droppe
     monkeypatch.setattr(ttft, "MAX_PENDING", 3)
     join = ttft.TtftJoin()
     for i in range(10):
-        join.assigned(f"r-{i}", 0.0)
+        join.assigned(f"r-{i}", ttft.ApiTimes(0.0))
         # a record for vLLM's request span alone (its request's start was not seen) is dropped
         join.engine_shares({f"r-{i}": record(0, 0, 0), f"unseen-{i}": record(0, 0, 0)}, 0)
     assert list(join.api) == list(join.engine) == ["r-7", "r-8", "r-9"]
@@ -83,7 +85,7 @@ def test_pending_halves_are_bounded_and_records_of_requests_not_split_are_droppe
 
 def test_probe_line_names_every_part():
     join = ttft.TtftJoin()
-    join.assigned("r", 0.5)
+    join.assigned("r", ttft.ApiTimes(0.5))
     join.finished("r", front())
     join.engine_shares({"r": record(0, 0, 0)}, 0)
     line = ttft.probe_line(join.drain()[0])

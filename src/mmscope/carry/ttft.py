@@ -112,18 +112,27 @@ def bounded_put(table: OrderedDict, key, value) -> None:
         table.popitem(last=False)
 
 
+class ApiTimes(NamedTuple):
+    """The API server's processing of one request (seconds): vLLM's arrival until it leaves for
+    EngineCore, and the wall time of its items' media and of its multimodal processor in it."""
+
+    api_s: float
+    media_s: float = 0.0
+    processor_s: float = 0.0
+
+
 class TtftJoin:
     """The API server: joins, by internal request id, the API-processing time, vLLM's timestamps
     at the request's end and EngineCore's shares, whichever comes last; `ready` holds the splits."""
 
     def __init__(self):
-        self.api: OrderedDict[str, float] = OrderedDict()
+        self.api: OrderedDict[str, ApiTimes] = OrderedDict()
         self.front: OrderedDict[str, FrontTimes] = OrderedDict()
         self.engine: OrderedDict[str, tuple[int, dict[str, int]]] = OrderedDict()
         self.ready: list[TtftSplit] = []
 
-    def assigned(self, request_id: str, api_s: float) -> None:
-        bounded_put(self.api, request_id, api_s)
+    def assigned(self, request_id: str, api: ApiTimes) -> None:
+        bounded_put(self.api, request_id, api)
 
     def finished(self, request_id: str, front: FrontTimes) -> None:
         if request_id not in self.api:
@@ -145,9 +154,12 @@ class TtftJoin:
                 self._join(request_id, front, engine_idx, record)
 
     def _join(self, request_id: str, front: FrontTimes, engine_idx: int, record) -> None:
-        api = self.api.pop(request_id, 0.0)
+        api = self.api.pop(request_id, ApiTimes(0.0))
         encoder, ec_load = record[ENCODER] / 1e9, record[EC_LOAD] / 1e9
-        parts = {stages.TTFT_API: api, stages.TTFT_QUEUE: front.queue_s,
+        # The render is the rest of the API server's processing, so the three add up to it.
+        parts = {stages.TTFT_MEDIA: api.media_s,
+                 stages.TTFT_RENDER: api.api_s - api.media_s - api.processor_s,
+                 stages.TTFT_PROCESSOR: api.processor_s, stages.TTFT_QUEUE: front.queue_s,
                  stages.TTFT_ENCODER: encoder, stages.TTFT_EC_LOAD: ec_load,
                  stages.TTFT_PREFILL: front.prefill_s - encoder - ec_load}
         parts[stages.TTFT_OTHER] = front.ttft_s - sum(parts.values())

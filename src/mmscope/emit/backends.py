@@ -16,6 +16,8 @@ class Backend(Protocol):
     live: bool  # False when nothing would be recorded (NVTX with no tool attached)
     span: Callable[[str], object]  # name -> context manager recording one range
 
+    def interval(self, name: str) -> object: ...  # a range ended by .end(), from any thread
+
     def mark(self, name: str) -> None: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
@@ -59,6 +61,11 @@ class NvtxBackend:
 
         self.span = NvtxSpan
         self._push, self._pop, self._attr_of = push, pop, attr_of
+        self._domain = domain
+
+    def interval(self, name: str) -> "_Ended":
+        """An NVTX start/end range: it may overlap others and end on another thread."""
+        return _Ended(self._domain.end_range, self._domain.start_range(self._attr_of(name)))
 
     def mark(self, name: str) -> None:
         # A zero-duration push/pop, as the seed's step_meta: nsys shows it as a range.
@@ -99,6 +106,12 @@ class ChromeBackend:
         self.span = ChromeSpan
         self._now, self._complete = now, complete
 
+    def interval(self, name: str) -> "_Ended":
+        return _Ended(self._lane_range, (name, self._now()))
+
+    def _lane_range(self, started: tuple[str, int]) -> None:
+        self.writer.complete_on_lane(started[0], started[1], self._now())
+
     def mark(self, name: str) -> None:
         t = self._now()
         self._complete(name, t, t)
@@ -126,11 +139,27 @@ class TorchBackend:
         with self._record(name):
             pass
 
+    def interval(self, name: str) -> "_Ended":
+        """torch's ranges are scopes of one thread: a range of waiting work has none here."""
+        return _Ended(lambda _: None, None)
+
     def flush(self) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+
+class _Ended:
+    """A started range of `Backend.interval`, closed by end()."""
+
+    __slots__ = ("_close", "_token")
+
+    def __init__(self, close, token):
+        self._close, self._token = close, token
+
+    def end(self) -> None:
+        self._close(self._token)
 
 
 class Decorates:

@@ -22,6 +22,9 @@ CLOCK = "CLOCK_MONOTONIC"  # time.perf_counter_ns on Linux
 # Names are JSON-quoted once and kept; step_meta names change with every batch shape, so in a
 # long-running server the kept set is bounded (cleared when full: re-quoting costs 1 us a name).
 MAX_QUOTED = 4096
+# Thread ids of the lanes that hold ranges of waiting work (complete_on_lane): above Linux's
+# largest pid (2**22), below the 24 bits nsys gives a thread id.
+LANE_TID_BASE = 8_000_000
 
 
 class ChromeTraceWriter:
@@ -39,6 +42,8 @@ class ChromeTraceWriter:
         self._quoted: dict[str, str] = {}
         self._flush_lock = threading.Lock()
         self._tls = threading.local()
+        self._lanes: list[int] = []  # the last end written on each lane
+        self._lane_lock = threading.Lock()
         self.now = time.perf_counter_ns
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         process = {"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
@@ -78,6 +83,24 @@ class ChromeTraceWriter:
         pending = self.pending
         if len(pending) < MAX_PENDING:
             pending.append((name, start_ns, end_ns, tid))
+        else:
+            self._dropped += 1
+
+    def complete_on_lane(self, name: str, start_ns: int, end_ns: int) -> None:
+        """A range of work that waits rather than runs on a thread (a download awaited on the
+        event loop, overlapping others), written once it ends on the first lane free since its
+        start: ranges of a lane never overlap, so each thread of the file still nests."""
+        with self._lane_lock:
+            lane = next((i for i, end in enumerate(self._lanes) if end <= start_ns), None)
+            if lane is None:
+                lane = len(self._lanes)
+                self._lanes.append(end_ns)
+                tid = LANE_TID_BASE + lane
+                self.thread_names[tid] = f"mmscope lane {lane}"
+                self._new_threads.append(tid)
+            self._lanes[lane] = end_ns
+        if len(self.pending) < MAX_PENDING:
+            self.pending.append((name, start_ns, end_ns, LANE_TID_BASE + lane))
         else:
             self._dropped += 1
 

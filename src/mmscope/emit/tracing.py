@@ -72,6 +72,27 @@ def spanned(name: str, call):
     return wrapper
 
 
+class _Intervals:
+    """Ranges of waiting work (`interval`), one per backend that records, ended together."""
+
+    __slots__ = ("_open",)
+
+    def __init__(self, name: str):
+        self._open = [b.interval(name) for b in _backends]
+
+    def end(self) -> None:
+        for started in self._open:
+            started.end()
+
+
+def interval(name: str) -> _Intervals:
+    """A range of work that waits rather than runs on one thread (a download awaited on the
+    event loop while others overlap it), ended by `.end()` from any thread: an NVTX start/end
+    range, a Chrome range on a lane of its own; a push/pop span would not nest. Call it only
+    while tracing is `on`."""
+    return _Intervals(name)
+
+
 def mark(name: str) -> None:
     """A zero-duration range (opened and closed at once), e.g. the per-step `step_meta`."""
     for b in _backends:

@@ -6,6 +6,7 @@ Names and labels sit beside vLLM's own `vllm:prefix_cache_*` and `vllm:mm_cache_
 from __future__ import annotations
 
 from mmscope import stages
+from mmscope.carry import media
 from mmscope.carry.ledger import SOURCES
 
 # wire key -> (name, documentation); "encoder cache" everywhere so that they cannot be taken for
@@ -84,6 +85,23 @@ TRANSFERS = {
            "Host wall time of the EC connector's load and save calls that moved items, "
            "including the copy between host and device."),
 }
+# The API server's media before the processor, by source and modality (wire key "<kind>:..."
+# of carry/media.py; seconds travel in ns).
+MEDIA = {
+    media.BYTES: ("vllm:mm_media_fetched_bytes", ("source", "modality"),
+                  "Bytes of multimodal items fetched before the processor (an HTTP body, a file "
+                  "read, a data URL's base64 decoded), by source (http, data_url, file)."),
+    media.FAILED: ("vllm:mm_media_failed_fetches", ("step", "source", "modality"),
+                   "Multimodal items whose fetch failed (step fetch: refused, an HTTP error, a "
+                   "bad URL; step decode: bytes that are no media of that kind); vLLM then "
+                   "answers the request with an error."),
+    media.CACHED: ("vllm:mm_media_redundant_fetches", ("source", "modality"),
+                   "Multimodal items fetched and decoded although vLLM's processor cache already "
+                   "held their content (a miss only in a URL-keyed cache)."),
+    media.CACHED_NS: ("vllm:mm_media_redundant_fetch_seconds", ("source", "modality"),
+                      "Fetch and decode time of those items (wall time per item): what a client "
+                      "or proxy cache by URL would have saved."),
+}
 STAGE_HISTOGRAM = (
     "vllm:mm_stage_duration_seconds",
     "Duration of one multimodal pipeline stage (label stage: the mmscope range name, e.g. "
@@ -97,7 +115,8 @@ HOOK_OFF = (
     "1 while the mmscope hook named (label hook; feature, process: what it observes and where) "
     "has turned itself off after an error of its own, 0 otherwise. The figures it fed are "
     "withdrawn from /metrics on that engine (feature accounting: every vllm:encoder_cache_* "
-    "series; ranges: vllm:mm_stage_duration_seconds and vllm:ec_connector_transfer_*; "
+    "series; ranges: vllm:mm_stage_duration_seconds, vllm:ec_connector_transfer_* and "
+    "vllm:mm_media_*; "
     "ttft_parts: the TTFT split), never left to read as zeros.")
 # A hook's feature -> what it fed, withdrawn when it turns itself off.
 COUNTS, STAGES = "accounting", "ranges"
@@ -140,6 +159,9 @@ class EncoderCacheProm:
         self._transfer_metrics: list = []
         if ec_connector:
             self._transfer_series(counter_cls, labels)
+        self._media = {kind: counter_cls(name=n, documentation=d, labelnames=labels + list(extra))
+                       for kind, (n, extra, d) in MEDIA.items()} if modalities else {}
+        self._media_incs: dict[tuple[int, str], object] = {}
         self.hooks = {name: (feature, process) for name, feature, process in hooks}
         self.hook_off_gauge = gauge_cls(name=HOOK_OFF[0], documentation=HOOK_OFF[1],
                                         labelnames=labels + ["hook", "feature", "process"],
@@ -163,8 +185,10 @@ class EncoderCacheProm:
             if capacity_embeds is not None:
                 self._set_gauge(idx, "capacity_embeds", capacity_embeds)
             if modalities:  # a multimodal model: every stage's histogram from the start too
-                for stage in stages.TIMED_STAGES:
+                for stage in stages.TIMED_STAGES + stages.media_stages(modalities):
                     self._stage_observer(idx, stage)
+                for key in media_keys(modalities):
+                    self._media_inc(idx, key)
 
     def _transfer_series(self, counter_cls, labels: list[str]) -> None:
         for kind, (name, doc) in TRANSFERS.items():
@@ -174,6 +198,24 @@ class EncoderCacheProm:
                 for direction in DIRECTIONS:
                     self._transfers[(idx, f"{kind}:{direction}")] = metric.labels(
                         *values, direction).inc
+
+    def _media_inc(self, engine_idx: int, wire_key: str):
+        inc = self._media_incs.get((engine_idx, wire_key))
+        if inc is None:
+            kind, *label_values = wire_key.split(":")
+            metric = self._media[kind]
+            inc = self._media_incs[(engine_idx, wire_key)] = metric.labels(
+                *self.labelvalues[engine_idx], *label_values).inc
+        return inc
+
+    def observe_media(self, wire: dict[str, int], engine_idx: int) -> None:
+        if (engine_idx not in self.labelvalues or engine_idx in self._withdrawn[STAGES]
+                or not self._media):
+            return
+        for key, n in wire.items():
+            if n:
+                self._media_inc(engine_idx, key)(n / 1e9 if key.startswith(media.CACHED_NS)
+                                                 else n)
 
     def _update(self, engine_idx: int, wire_key: str):
         """The inc or set a wire key stands for, or None for a key with no series of its own
@@ -240,7 +282,8 @@ class EncoderCacheProm:
                 continue
             self.hook_off_gauge.labels(*values, name, feature, process).set(1)
             withdrawn = {COUNTS: self._counts,
-                         STAGES: [self.stage_seconds, *self._transfer_metrics]}.get(feature, [])
+                         STAGES: [self.stage_seconds, *self._transfer_metrics,
+                                  *self._media.values()]}.get(feature, [])
             if withdrawn and idx not in self._withdrawn[feature]:
                 self._withdrawn[feature].add(idx)
                 engine = dict(zip(("model_name", "engine"), values))
@@ -248,3 +291,12 @@ class EncoderCacheProm:
                     metric.remove_by_labels(engine)
                 if feature == COUNTS:
                     self._updates = {k: v for k, v in self._updates.items() if k[0] != idx}
+
+
+def media_keys(modalities) -> list[str]:
+    """The media series a model accepting `modalities` has from the start, as wire keys."""
+    pairs = [f"{s}:{m}" for s in stages.MEDIA_SOURCES for m in modalities
+             if m in stages.MEDIA_MODALITIES]
+    return [f"{kind}:{pair}" for kind in (media.BYTES, media.CACHED, media.CACHED_NS)
+            for pair in pairs] + [f"{media.FAILED}:{step}:{pair}" for pair in pairs
+                                  for step in (stages.MEDIA_FETCH, stages.MEDIA_DECODE)]

@@ -18,10 +18,11 @@ REQUEST_SPAN = "llm_request"  # vLLM's span name (OutputProcessor.do_tracing)
 MULTIMODAL = "gen_ai.multimodal."  # + a record's count (carry/request_facts.py)
 TTFT_PART = "gen_ai.latency.ttft_part."  # + a TTFT part (stages.TTFT_PARTS), seconds
 CHILD = "ttft."  # + a TTFT part: the child spans' names
-# The order of the parts in time: EngineCore queues the request, then its first step loads
-# from the EC connector, runs the encoder and the forward (V1's and V2's order).
-TIMELINE = (stages.TTFT_API, stages.TTFT_OTHER, stages.TTFT_QUEUE, stages.TTFT_EC_LOAD,
-            stages.TTFT_ENCODER, stages.TTFT_PREFILL)
+# The order of the parts in time: the API server awaits the items' media inside the render (the
+# chat template follows them), then runs the processor; EngineCore queues the request, then its
+# first step loads from the EC connector, runs the encoder and the forward (V1's and V2's order).
+TIMELINE = (*stages.TTFT_API_PARTS, stages.TTFT_OTHER, stages.TTFT_QUEUE,
+            stages.TTFT_EC_LOAD, stages.TTFT_ENCODER, stages.TTFT_PREFILL)
 
 
 def attributes(record: dict[str, int] | None, split: ttft.TtftSplit | None) -> dict:
@@ -43,7 +44,7 @@ def layout(split: ttft.TtftSplit, arrival_s: float, queued_wall_s: float) -> lis
     start = int(arrival_s * 1e9)  # as vLLM starts its span
     end = start + round(split.ttft_s * 1e9)
     length = {p: max(0, round(v * 1e9)) for p, v in split.parts.items()}
-    after_api = start + length[stages.TTFT_API]
+    after_api = start + sum(length[p] for p in stages.TTFT_API_PARTS)
     length[stages.TTFT_OTHER] = min(max(0, round(queued_wall_s * 1e9) - after_api),
                                     length[stages.TTFT_OTHER])
     spans, t = [], start

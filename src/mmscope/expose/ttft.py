@@ -10,8 +10,10 @@ from mmscope.carry.ttft import TtftSplit
 
 PART_HISTOGRAM = (
     "vllm:request_ttft_part_seconds",
-    "Time to first token of multimodal requests, by part (api_processing: vLLM's arrival until "
-    "the request leaves the API server, media and multimodal processor included; queue; encoder: "
+    "Time to first token of multimodal requests, by part (media: the request's items fetched and "
+    "decoded, wall time; processor: the multimodal processor; render: the rest of the API "
+    "server's processing, chat template and tokens; the three add up to vLLM's arrival until "
+    "the request leaves the API server; queue; encoder: "
     "the request's share of the encoder steps that computed its items; ec_load: its share of EC "
     "connector loads; prefill: the rest until the first token; other: what is not attributed). "
     "The parts of a request add up to its time to first token.")

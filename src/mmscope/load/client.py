@@ -78,7 +78,7 @@ class Server:
     async def metrics(self) -> dict[str, float]:
         response = await self._get(METRICS_PATH)
         try:
-            return readout.from_prometheus_text(response.text, histograms=series.HISTOGRAMS)
+            return readout.from_prometheus_text(response.text, histograms=series.READ_HISTOGRAMS)
         except ValueError:
             raise UserError(f"{self.url}{METRICS_PATH} is not a Prometheus metrics page") from None
 

@@ -26,6 +26,7 @@ MAX_CONCURRENCY = 1024
 MAX_TOKENS = 2**31 - 1
 MAX_SEED = 2**63 - 1
 MAX_TIMEOUT_S = 7 * 86400.0
+MAX_MEDIA_LATENCY_S = 60.0  # a media server slower than this is beyond any client's timeout
 DESCRIPTION = "verify the encoder cache under sweep load against a live server"
 
 
@@ -64,6 +65,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the prefix plan: repeats resend an earlier request whole, images "
                              "first and a long text after them, so that with vLLM's prefix caching "
                              "(on by default) repeated images are spared as prefix-covered items")
+    parser.add_argument("--media", type=media_sources, default=("data_url",), metavar="SOURCES",
+                        help="how requests carry their images: data_url (base64 inline), http "
+                             "(URLs of a media server load runs on loopback, as clients link "
+                             "images), or data_url,http (requests take turns) (default: data_url)")
+    parser.add_argument("--media-latency", type=duration, default=0.0, metavar="DURATION",
+                        help="the media server's time to answer, e.g. 200ms or 0.5s (default: "
+                             "0); with --media http")
+    parser.add_argument("--media-jitter", type=duration, default=0.0, metavar="DURATION",
+                        help="each answer's time drawn uniformly within the latency +/- this, "
+                             "at most the latency (default: 0)")
+    parser.add_argument("--media-format", choices=("png", "jpeg"), default="png",
+                        help="the images' file format, inline or served (default: png)")
+    parser.add_argument("--media-vary-urls", action="store_true",
+                        help="with http: every request its own URL for each image, repeats too "
+                             "(the same content under new URLs, as signed or versioned links)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of tables")
     parser.add_argument("--plot", metavar="FILE",
@@ -81,6 +97,30 @@ def reuse_levels(text: str) -> list[float]:
     if len(levels) > MAX_LEVELS:
         raise argparse.ArgumentTypeError(f"at most {MAX_LEVELS} reuse levels: {text!r}")
     return levels
+
+
+def media_sources(text: str) -> tuple[str, ...]:
+    from mmscope.load.media import SOURCES
+
+    sources = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [s for s in sources if s not in SOURCES]
+    if not sources or unknown:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(SOURCES)} (comma-separated): "
+                                         f"{text!r}")
+    return sources
+
+
+def duration(text: str) -> float:
+    """Seconds from `200ms`, `0.5s` or `0.5` (seconds)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?\s*", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"expected a duration such as 200ms or 0.5s: {text!r}")
+    seconds = float(m[1]) / (1000 if m[2] == "ms" else 1)
+    if seconds > MAX_MEDIA_LATENCY_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_MEDIA_LATENCY_S:g} s: {text!r}")
+    return seconds
 
 
 def image_size(text: str) -> tuple[int, int]:
@@ -132,6 +172,31 @@ def _check_before_planning(args: argparse.Namespace) -> None:
                         "per level")
     if args.plot:
         check_output_file(args.plot, "--plot", PLOT_FORMATS)
+    http = "http" in args.media
+    for flag, given in (("--media-latency", args.media_latency), ("--media-jitter", args.media_jitter),
+                        ("--media-vary-urls", args.media_vary_urls)):
+        if given and not http:
+            raise UserError(f"{flag} needs --media http (the media server it sets)")
+    if http and not _loopback(args.url):
+        raise UserError(f"--media http serves the images on this machine's loopback: --url "
+                        f"{args.url} must be a server on this machine (127.0.0.1, localhost)")
+    if args.media_jitter > args.media_latency:
+        raise UserError(f"--media-jitter {args.media_jitter * 1000:g}ms is more than "
+                        f"--media-latency {args.media_latency * 1000:g}ms")
+
+
+def _loopback(url: str) -> bool:
+    import ipaddress
+
+    import httpx
+
+    host = httpx.URL(url.strip()).host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     _check_before_planning(args)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     workload = plan.build(seed, args.reuse, args.requests, args.images_per_request, args.image_size,
-                          prefix=args.prefix)
+                          prefix=args.prefix, image_format=args.media_format)
     try:
         info, levels = asyncio.run(asyncio.wait_for(_sweep(args, workload), args.timeout))
     except TimeoutError:
@@ -159,26 +224,35 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _sweep(args, workload):
+    import contextlib
+
     from mmscope.load.client import Server
     from mmscope.load.epd import PairServer
+    from mmscope.load.media import MediaOptions, Urls
+    from mmscope.load.media_server import MediaServer
     from mmscope.load.report import RunInfo
     from mmscope.load.sweep import preflight, run_level
 
+    options = MediaOptions(args.media, args.media_latency, args.media_jitter, args.media_vary_urls)
     server = (PairServer(args.encoder_url, args.url, args.request_timeout, args.concurrency)
               if args.encoder_url is not None
               else Server(args.url, args.request_timeout, args.concurrency))
-    try:
-        target = await preflight(server, args.model, workload, args.max_tokens)
-        levels = []
-        with _progress(workload) as advance:
-            for level in workload.levels:
-                levels.append(await run_level(server, target, workload, level, args.concurrency,
-                                              args.max_tokens, advance(level)))
-    finally:
-        await server.close()
+    with (MediaServer(options.latency_s, options.jitter_s, workload.seed) if options.http
+          else contextlib.nullcontext()) as media_server:
+        urls = Urls(workload, options, media_server)
+        try:
+            target = await preflight(server, args.model, workload, args.max_tokens)
+            levels = []
+            with _progress(workload) as advance:
+                for level in workload.levels:
+                    levels.append(await run_level(server, target, workload, level,
+                                                  args.concurrency, args.max_tokens, urls,
+                                                  advance(level)))
+        finally:
+            await server.close()
     info = RunInfo(server.url, target.model, workload.seed, workload.requests,
                    workload.images_per_request, args.concurrency, workload.image_size,
-                   target.embeds_per_image, workload.prefix)
+                   target.embeds_per_image, workload.prefix, options, workload.image_format)
     return info, levels
 
 

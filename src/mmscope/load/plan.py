@@ -1,8 +1,8 @@
 """The workload of one sweep, fixed by a seed: per reuse level, which images each request carries,
 which of them repeat an image sent earlier in that level, and a prompt text unique to the request.
 
-Images are synthetic noise rendered to PNG on demand; each level draws fresh ones, so levels
-(and runs with other seeds) never share cache entries. The prefix plan (`prefix=True`) instead
+Images are synthetic noise rendered to PNG (or JPEG) on demand; each level draws fresh ones, so
+levels (and runs with other seeds) never share cache entries. The prefix plan (`prefix=True`) instead
 repeats whole requests, images first and a long text after them, so that the prefix cache can
 cover a repeat's images (vLLM then never looks them up: `vllm:encoder_cache_prefix_covered`).
 """
@@ -19,6 +19,7 @@ PROBE_LEVEL = 2**31 - 1  # a level no sweep reaches: the preflight's probe image
 # Words of text after the images in the prefix plan: more than a KV block (16 tokens on GPU,
 # 128 on CPU) beyond the last image, so the blocks holding the images fill and are cached whole.
 PREFIX_WORDS = 120
+IMAGE_FORMATS = {"png": "image/png", "jpeg": "image/jpeg"}  # --media-format -> content type
 
 
 @dataclass(frozen=True)
@@ -61,26 +62,38 @@ class Workload:
     image_size: tuple[int, int]  # width, height
     levels: tuple[LevelPlan, ...]
     prefix: bool = False  # the prefix plan: whole requests repeated, images before the text
+    image_format: str = "png"
+    _files: dict[tuple[int, int], bytes] = field(default_factory=dict, repr=False, compare=False)
     _urls: dict[tuple[int, int], str] = field(default_factory=dict, repr=False, compare=False)
 
+    def image_file(self, level: int, image: int) -> bytes:
+        """An image's file in `image_format`, rendered once and kept until `forget(level)`."""
+        key = (level, image)
+        if key not in self._files:
+            self._files[key] = image_file(self.seed, level, image, self.image_size,
+                                          self.image_format)
+        return self._files[key]
+
     def data_url(self, level: int, image: int) -> str:
-        """The PNG data URL of an image, rendered once and kept until `forget(level)`."""
+        """The image's data URL, made once and kept until `forget(level)`."""
         key = (level, image)
         if key not in self._urls:
-            self._urls[key] = png_data_url(self.seed, level, image, self.image_size)
+            self._urls[key] = (f"data:{IMAGE_FORMATS[self.image_format]};base64,"
+                               + base64.b64encode(self.image_file(level, image)).decode())
         return self._urls[key]
 
     def forget(self, level: int) -> None:
-        for key in [k for k in self._urls if k[0] == level]:
-            del self._urls[key]
+        for kept in (self._files, self._urls):
+            for key in [k for k in kept if k[0] == level]:
+                del kept[key]
 
 
 def build(seed: int, reuse_levels: list[float], requests: int, images_per_request: int,
-          image_size: tuple[int, int], prefix: bool = False) -> Workload:
+          image_size: tuple[int, int], prefix: bool = False, image_format: str = "png") -> Workload:
     plan = plan_prefix_level if prefix else plan_level
     levels = tuple(plan(seed, n, reuse, requests, images_per_request)
                    for n, reuse in enumerate(reuse_levels))
-    return Workload(seed, requests, images_per_request, image_size, levels, prefix)
+    return Workload(seed, requests, images_per_request, image_size, levels, prefix, image_format)
 
 
 def plan_prefix_level(seed: int, level: int, reuse: float, requests: int,
@@ -153,13 +166,14 @@ def prompt_text(seed: int, level: int, index: int) -> str:
     return f"Request {index} of level {level} (seed {seed}): what do these images show?"
 
 
-def png_data_url(seed: int, level: int, image: int, size: tuple[int, int]) -> str:
+def image_file(seed: int, level: int, image: int, size: tuple[int, int], fmt: str) -> bytes:
     import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng([PIXEL_DOMAIN, seed, level, image])
     pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
     buf = io.BytesIO()
-    # Noise does not compress; the fastest level keeps rendering cheap.
-    Image.fromarray(pixels).save(buf, format="PNG", compress_level=1)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    # Noise does not compress; the fastest PNG level keeps rendering cheap.
+    options = {"compress_level": 1} if fmt == "png" else {"quality": 90}
+    Image.fromarray(pixels).save(buf, format=fmt.upper(), **options)
+    return buf.getvalue()

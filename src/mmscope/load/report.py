@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from mmscope import stages
-from mmscope.load import epd, series, ttft
+from mmscope.load import epd, media, series, ttft
 from mmscope.load.sweep import LevelResult
 
 
@@ -15,6 +15,8 @@ MAIN_TITLE = "encoder cache per reuse level"
 CACHE_TITLE = "hits by source, capacity, and vLLM's other caches"
 TTFT_TITLE = ("time to first token by part, server side, p50 / p90 ms (mean in --json); "
               "hit: the encoder ran for none of the request's items")
+MEDIA_TITLE = ("media by source: the server's fetch and decode (mean ms per item), bytes, fetches "
+               "its processor cache made pointless, against the TTFT of the requests sent that way")
 TTFT_OFF = ("time to first token by part: the server splits none "
             "(start it with MMSCOPE_TTFT_PARTS=1 in its environment)")
 
@@ -30,6 +32,8 @@ class RunInfo:
     image_size: tuple[int, int]
     embeds_per_image: int | None
     prefix: bool = False  # the prefix plan (whole requests repeated, images first)
+    media: media.MediaOptions = media.MediaOptions()
+    image_format: str = "png"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -68,6 +72,34 @@ def embeddings(level: LevelResult) -> dict:
             "observed_saved_embed_rate": _rate(hit + covered, queried + covered)}
 
 
+def media_json(level: LevelResult) -> dict:
+    """Per source: the level's requests sent that way and their client TTFT, and what the server
+    counted of their items; the http fetches planned against those answered and counted."""
+    out = {}
+    for source, s in sorted(media.by_source(level.delta).items()):
+        ttfts = [r.timing.ttft_s for r in level.results if r.source == source]
+        out[source] = {
+            "requests": len(ttfts), "items": int(round(s["fetch_count"])),
+            "fetch_ms": {"mean": _ms(_mean(s["fetch_sum"], s["fetch_count"])),
+                         "total": _ms(s["fetch_sum"])},
+            "decode_ms": {"mean": _ms(_mean(s["decode_sum"], s["decode_count"])),
+                          "total": _ms(s["decode_sum"])},
+            "bytes": int(round(s["bytes"])), "failed": int(round(s["failed"])),
+            "redundant_fetches": int(round(s["redundant"])),
+            "redundant_ms": _ms(s["redundant_s"]),
+            "ttft_ms": {f"p{q}": _ms(percentile(ttfts, q)) for q in (50, 90)}}
+    f = level.fetches
+    return {"by_source": out,
+            "fetches": None if f is None else {
+                "planned": f.planned, "planned_bytes": f.planned_bytes, "served": f.served,
+                "served_bytes": f.served_bytes, "counted": f.counted,
+                "counted_bytes": f.counted_bytes}}
+
+
+def _mean(total: float, count: float) -> float | None:
+    return total / count if count else None
+
+
 def level_json(level: LevelResult) -> dict:
     plan, seen, verdict = level.plan, level.observed, level.verdict
     e2e = [r.timing.e2e_s for r in level.results]
@@ -92,6 +124,7 @@ def level_json(level: LevelResult) -> dict:
         "repeat_requests": sum(r.all_repeats for r in plan.requests),
         "ttft_ms": ttft_ms(level),
         "ttft_parts": ttft.split(level.delta, [r.timing.ttft_s for r in level.results]),
+        "media": media_json(level),
         "e2e_ms": {f"p{q}": _ms(percentile(e2e, q)) for q in (50, 90)},
         "wall_s": round(level.wall_s, 3),
         "throughput_rps": round(len(level.results) / level.wall_s, 3) if level.wall_s else None,
@@ -105,6 +138,9 @@ def run_json(info: RunInfo, levels: list[LevelResult]) -> dict:
             "requests_per_level": info.requests, "images_per_request": info.images_per_request,
             "concurrency": info.concurrency, "image_size": list(info.image_size),
             "embeds_per_image": info.embeds_per_image, "prefix_plan": info.prefix,
+            "media": {"sources": list(info.media.sources), "format": info.image_format,
+                      "latency_ms": _ms(info.media.latency_s),
+                      "jitter_ms": _ms(info.media.jitter_s), "vary_urls": info.media.vary_urls},
             "ok": all(level.verdict.ok for level in levels),
             "levels": [level_json(level) for level in levels]}
 
@@ -117,7 +153,18 @@ def header(info: RunInfo, levels: list[LevelResult]) -> str:
     return (f"mmscope load: {info.url}, model {info.model}, seed {info.seed}\n"
             f"per level: {_count(info.requests, 'request')} of "
             f"{_count(info.images_per_request, 'image')}, concurrency {info.concurrency}; "
-            f"{width}x{height} images ({embeds} each); encoder cache {cache}")
+            f"{width}x{height} {info.image_format} images ({embeds} each); encoder cache {cache}"
+            f"\nimages sent as {_media_line(info.media)}")
+
+
+def _media_line(options: media.MediaOptions) -> str:
+    sent = " and ".join(options.sources) + (" (requests take turns)"
+                                            if len(options.sources) > 1 else "")
+    if not options.http:
+        return sent
+    vary = ", a new URL per request" if options.vary_urls else ""
+    return (f"{sent}; media server on loopback answering in {options.latency_s * 1000:g} ms "
+            f"+/- {options.jitter_s * 1000:g} ms{vary}")
 
 
 def _count(n: int, noun: str) -> str:
@@ -133,6 +180,8 @@ def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> No
     tables = [(MAIN_TITLE, _main_table(rows)), (CACHE_TITLE, _cache_table(rows))]
     if any(r["ttft_parts"][o]["requests"] for r in rows for o in ttft.OUTCOMES):
         tables.append((TTFT_TITLE, _ttft_table(rows)))
+    if any(r["media"]["by_source"] for r in rows):
+        tables.append((MEDIA_TITLE, _media_table(rows)))
     for title, table in tables:
         console.print(title, highlight=False)
         console.print(table)
@@ -217,6 +266,24 @@ def _ttft_table(rows: list[dict]):
             table.add_row(f"{r['reuse']:g}", outcome, str(o["requests"]),
                           *(_pair(c["p50_ms"], c["p90_ms"]) for c in cells),
                           _num(split["client_beyond_server_mean_ms"], "{:.1f}"))
+    return table
+
+
+def _media_table(rows: list[dict]):
+    from rich.table import Table
+
+    table = Table()
+    for name in ("reuse", "source", "requests", "items", "fetch ms", "decode ms", "KiB fetched",
+                 "fetched though cached", "failed", "TTFT p50/p90 ms"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        for source, m in r["media"]["by_source"].items():
+            table.add_row(f"{r['reuse']:g}", source, str(m["requests"]), str(m["items"]),
+                          _num(m["fetch_ms"]["mean"], "{:.1f}"),
+                          _num(m["decode_ms"]["mean"], "{:.1f}"), f"{m['bytes'] / 1024:.1f}",
+                          f"{m['redundant_fetches']} ({_num(m['redundant_ms'], '{:.0f}')} ms)"
+                          if m["redundant_fetches"] else "0",
+                          str(m["failed"]), _pair(m["ttft_ms"]["p50"], m["ttft_ms"]["p90"]))
     return table
 
 

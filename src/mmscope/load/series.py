@@ -76,3 +76,12 @@ def ttft_requests(values: dict[str, float]) -> float | None:
     """Multimodal requests whose time to first token the server split; None where it does not."""
     keys = [f"{TTFT_MM}_count{{encoder_cache={o}}}" for o in ("hit", "miss")]
     return sum(values[k] for k in keys) if all(k in values for k in keys) else None
+
+# The API server's media before the processor (mmscope.expose.metrics MEDIA), and the stage
+# histogram whose mm:media:* stages time each fetch and decode.
+MEDIA_BYTES = "mm_media_fetched_bytes"
+MEDIA_FAILED = "mm_media_failed_fetches"
+MEDIA_REDUNDANT = "mm_media_redundant_fetches"
+MEDIA_REDUNDANT_S = "mm_media_redundant_fetch_seconds"
+STAGES = "mm_stage_duration_seconds"
+READ_HISTOGRAMS = (*HISTOGRAMS, STAGES)  # what a level reads of /metrics

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mmscope.expose import readout
 from mmscope.errors import UserError
-from mmscope.load import epd, series
+from mmscope.load import epd, media, series
 from mmscope.load.client import Server, Timing
 from mmscope.load.plan import PROBE_LEVEL, LevelPlan, PlannedRequest, Workload
 from mmscope.load.verdict import Observed, Verdict, capacity_allows, judge
@@ -29,6 +29,7 @@ class Target:
 class RequestResult:
     request: PlannedRequest
     timing: Timing
+    source: str = media.DATA_URL  # how its images were sent
 
 
 @dataclass
@@ -39,6 +40,7 @@ class LevelResult:
     delta: dict[str, float]
     capacity_embeds: int | None
     embeds_per_image: int | None
+    fetches: media.Fetches | None = None  # with --media http
 
     def count(self, key: str) -> int:
         return int(round(self.delta.get(key, 0.0)))
@@ -51,7 +53,10 @@ class LevelResult:
 
     @property
     def verdict(self) -> Verdict:
-        return epd.with_pd(judge(self.plan, self.observed), self.plan.images, self.delta)
+        verdict = epd.with_pd(judge(self.plan, self.observed), self.plan.images, self.delta)
+        if self.fetches is None:
+            return verdict
+        return replace(verdict, text=f"{verdict.text}; {self.fetches.text()}")
 
     @property
     def capacity_allows(self) -> int | None:
@@ -90,24 +95,31 @@ async def _embeds_per_image(server: Server, model: str, workload: Workload,
 
 
 async def run_level(server: Server, target: Target, workload: Workload, plan: LevelPlan,
-                    concurrency: int, max_tokens: int, on_done=None) -> LevelResult:
-    # Render first: PNG encoding must not count as the server's time to first token.
-    for request in plan.requests:
-        for image in request.images:
-            workload.data_url(plan.level, image)
+                    concurrency: int, max_tokens: int, urls: media.Urls,
+                    on_done=None) -> LevelResult:
+    # Render first: image encoding must not count as the server's time to first token.
+    sent = {r.index: urls.of(plan, r) for r in plan.requests}
+    media_server = urls.server
+    served = media_server.counts() if media_server else (0, 0)
     before = await server.metrics()
     start = time.perf_counter()
     results = await _send_all(server, target.model, workload, plan, concurrency, max_tokens,
-                              on_done)
+                              sent, urls.options, on_done)
     wall = time.perf_counter() - start
     after = await _settled_metrics(server, before, plan.images, len(plan.requests))
+    delta = readout.delta(before, after)
+    fetches = None
+    if media_server:
+        now = media_server.counts()
+        fetches = media.fetches(delta, urls.planned(plan), (now[0] - served[0], now[1] - served[1]))
     workload.forget(plan.level)
+    urls.forget(plan.level)
     capacity = int(after.get(series.CAPACITY, 0)) or None
-    return LevelResult(plan, results, wall, readout.delta(before, after), capacity,
-                       target.embeds_per_image)
+    return LevelResult(plan, results, wall, delta, capacity, target.embeds_per_image, fetches)
 
 
-async def _send_all(server, model, workload, plan, concurrency, max_tokens, on_done):
+async def _send_all(server, model, workload, plan, concurrency, max_tokens, sent, options,
+                    on_done):
     pending = iter(plan.requests)  # shared by the workers, so requests leave in plan order
     results: list[RequestResult] = []
     answered = {r.index: asyncio.Event() for r in plan.requests}
@@ -121,14 +133,13 @@ async def _send_all(server, model, workload, plan, concurrency, max_tokens, on_d
             for image, repeat in zip(request.images, request.repeats):
                 if repeat:
                     await answered[first_shown[image]].wait()
-            urls = [workload.data_url(plan.level, i) for i in request.images]
             what = f"request {request.index} of reuse level {plan.reuse:g}"
             try:
-                timing = await server.chat(model, request.text, urls, max_tokens, what,
-                                           images_first=workload.prefix)
+                timing = await server.chat(model, request.text, sent[request.index], max_tokens,
+                                           what, images_first=workload.prefix)
             finally:
                 answered[request.index].set()
-            results.append(RequestResult(request, timing))
+            results.append(RequestResult(request, timing, options.source(request)))
             if on_done:
                 on_done()
 

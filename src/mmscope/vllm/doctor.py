@@ -54,6 +54,7 @@ def report() -> dict:
                       "applies": runners.applies(hook, runner),
                       "while_tracing": hook.when is When.TRACING,
                       "with_otlp": hook.when is When.OTLP,
+                      "with_media": hook.when is When.MEDIA,
                       "status": str(status), "detail": detail})
     return {"vllm_version": version, "supported": targets.SUPPORTED_VLLM,
             "version_supported": instrumentor.version_supported(version),
@@ -74,7 +75,8 @@ def _status(h: dict) -> str:
         return f"[red]{h['status']}[/red] {h['detail']}"
     if not h["applies"]:
         return "[yellow]present; not this runner[/yellow]"
-    when = " (while tracing)" if h["while_tracing"] else ""
+    when = (" (while tracing)" if h["while_tracing"] else
+            " (once media come by URL)" if h.get("with_media") else "")
     return "[green]ok[/green]" + (" (with --otlp-traces-endpoint)" if h["with_otlp"] else when)
 
 

@@ -4,6 +4,7 @@ Like an OpenTelemetry instrumentor: declares the versions it supports; instrumen
 """
 from __future__ import annotations
 
+from mmscope.carry import ttft
 from mmscope.emit import tracing
 from mmscope.flags import flag
 from mmscope.log import logger
@@ -57,6 +58,8 @@ class VllmInstrumentor:
             self.table.apply(When.TRACING, version)
         if request_spans.SPANS is not None:  # vLLM already traces requests in this process
             self.table.apply(When.OTLP, version)
+        if ttft.enabled():  # every request's processor time is a part of its split
+            self.table.apply(When.MEDIA, version)
         stat_loggers.install_log_filter()
         patching.rewrap_instances()
         self.instrumented = True

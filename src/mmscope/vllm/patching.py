@@ -38,6 +38,7 @@ class When(enum.StrEnum):
     START = "at start"
     TRACING = "while mmscope traces"  # rows that only open ranges
     OTLP = "once vLLM traces requests"  # vLLM's output processor made with tracing on
+    MEDIA = "once media come by URL"  # the first item loaded, or at start with the TTFT split on
 
 
 # A wrapper's arguments: (hook, wrapped, instance, args, kwargs, *the row's params, bound by name).

@@ -9,6 +9,7 @@ import time
 from mmscope.carry import ttft
 from mmscope.log import logger
 from mmscope.vllm import request_spans
+from mmscope.vllm.media import RENDERS
 from mmscope.vllm.engine_state import probe_enabled
 
 JOIN = ttft.TtftJoin()
@@ -21,11 +22,15 @@ HISTOGRAMS: list = []
 def request_id_assigned(hook, wrapped, instance, args, kwargs, request):
     """InputProcessor.assign_request_id runs once per request as it leaves for EngineCore, after
     the media, the chat template, the tokens and the multimodal processor: vLLM's arrival_time
-    (taken before all of those) until now is the request's API processing."""
+    (taken before all of those) until now is the request's API processing, of which its
+    render's media and processor wall times are parts (vllm/media.py)."""
     result = wrapped(*args, **kwargs)
     try:
         if request.mm_features:
-            JOIN.assigned(request.request_id, time.time() - request.arrival_time)
+            render = RENDERS.take(request.arrival_time)
+            api_s = time.time() - request.arrival_time
+            JOIN.assigned(request.request_id, ttft.ApiTimes(api_s) if render is None else
+                          ttft.ApiTimes(api_s, render.media_s(), render.processor_s()))
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
         hook.failed(e)
     return result

@@ -13,7 +13,8 @@ from mmscope.carry import ttft
 from mmscope.emit.stage_timer import FRONTEND, merge
 from mmscope.expose.metrics import EncoderCacheProm
 from mmscope.expose.ttft import TtftProm
-from mmscope.vllm import request_times
+from mmscope.carry import media as media_counts
+from mmscope.vllm import media, request_times
 from mmscope.vllm.encoder_outputs import bytes_per_embedding
 from mmscope.vllm.patching import TURNED_OFF, in_release
 
@@ -80,23 +81,28 @@ def stats_recorded(hook, wrapped, manager, args, kwargs, scheduler_stats, engine
     stats = scheduler_stats
     if stats is not None and (stats.encoder_cache_stats or stats.mm_stage_durations
                               or FRONTEND.pending or stats.mm_request_shares
-                              or stats.mm_ec_transfers or stats.mm_hooks_off):
+                              or stats.mm_ec_transfers or stats.mm_hooks_off
+                              or media.COUNTS.pending):
         try:
             engine_idx = engine_idx or 0
             if stats.mm_hooks_off:
                 hooks_turned_off(stats.mm_hooks_off, engine_idx)
             if stats.mm_request_shares:
                 request_times.engine_shares(stats.mm_request_shares, engine_idx)
+            # The API server's media counts, like its stage durations, go out with this step's.
+            counts = media.COUNTS.drain() if media.COUNTS.pending else None
             for stat_logger in manager.stat_loggers:
-                _record(stat_logger, stats, engine_idx)
+                _record(stat_logger, stats, engine_idx, counts)
         except Exception as e:  # noqa: BLE001
             hook.failed(e)
     return result
 
 
-def _record(stat_logger, stats, engine_idx: int) -> None:
+def _record(stat_logger, stats, engine_idx: int, counts: dict[str, int] | None) -> None:
     prom = _prom.get(stat_logger)
     if prom is not None:
+        if counts:
+            prom.observe_media(counts, engine_idx)
         if stats.encoder_cache_stats:
             prom.observe(stats.encoder_cache_stats, engine_idx)
         # API-server stages, timed in this process, go out with the worker's batch.
@@ -108,8 +114,11 @@ def _record(stat_logger, stats, engine_idx: int) -> None:
     per_engine = getattr(stat_logger, "per_engine_stat_loggers", None)  # vLLM's adapter
     if per_engine is not None:
         stat_logger = per_engine.get(engine_idx)
-    if isinstance(stat_logger, _logging_stat_logger()) and stats.encoder_cache_stats:
-        _to_hit_rate_window(stat_logger, stats.encoder_cache_stats)
+    if isinstance(stat_logger, _logging_stat_logger()):
+        if stats.encoder_cache_stats:
+            _to_hit_rate_window(stat_logger, stats.encoder_cache_stats)
+        if counts:
+            _to_redundant_tally(stat_logger, counts)
 
 
 def hooks_turned_off(off: dict[str, str], engine_idx: int | None) -> None:
@@ -167,12 +176,30 @@ class EncoderWindow:
         self.avoided = CachingMetrics()
         self.covered = CachingMetrics()
         self.saved = CachingMetrics()
+        # media items fetched and decoded although the processor cache held them, and their
+        # seconds, since the last stats line
+        self.redundant = [0, 0]
 
 
-def _to_hit_rate_window(log_logger, wire: dict[str, int]) -> None:
+def _window(log_logger) -> EncoderWindow:
     window = _windows.get(log_logger)
     if window is None:
         window = _windows[log_logger] = EncoderWindow()
+    return window
+
+
+def _to_redundant_tally(log_logger, counts: dict[str, int]) -> None:
+    tally = _window(log_logger).redundant
+    for key, n in counts.items():
+        kind = key.partition(":")[0]
+        if kind == media_counts.CACHED:
+            tally[0] += n
+        elif kind == media_counts.CACHED_NS:
+            tally[1] += n
+
+
+def _to_hit_rate_window(log_logger, wire: dict[str, int]) -> None:
+    window = _window(log_logger)
     from vllm.v1.metrics.stats import BaseCacheStats
 
     queries, hits = wire.get("queries", 0), wire.get("hits", 0)
@@ -204,8 +231,9 @@ def stats_logged(hook, wrapped, log_logger, args, kwargs):
 
 class EncoderHitRateFilter(logging.Filter):
     """Appends `Encoder cache hit rate: X.X%`, the encoder work saved in embeddings (and the
-    encoder work avoided per item sent, while the window holds items the prefix cache spared) to
-    the stats line of the logger whose log() is running."""
+    encoder work avoided per item sent, while the window holds items the prefix cache spared),
+    and the media fetched though the processor cache held them since the last line, to the stats
+    line of the logger whose log() is running."""
 
     MARKER = "Avg prompt throughput"
 
@@ -231,6 +259,10 @@ class EncoderHitRateFilter(logging.Filter):
         if window.covered.hit_rate > 0:  # items the prefix cache spared lie in the window
             record.msg += ", Encoder work avoided: %.1f%% of items"
             args += (window.avoided.hit_rate * 100,)
+        if window.redundant[0]:  # since the last line: fetches a cache by URL would have saved
+            record.msg += ", Media fetched though cached: %d items, %.2f s"
+            args += (window.redundant[0], window.redundant[1] / 1e9)
+            window.redundant = [0, 0]
         record.args = args
         return True
 

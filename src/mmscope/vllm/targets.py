@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mmscope import stages
 from mmscope.carry import ttft
-from mmscope.vllm import engine_stats, processor, request_spans as rs
+from mmscope.vllm import engine_stats, media, processor, request_spans as rs
 from mmscope.vllm import request_times as rt, runner_output as ro
 from mmscope.vllm import scheduler as sch, stat_loggers as sl, step_scopes as sc
 from mmscope.vllm import step_telemetry as st, worker_stages as ws
@@ -28,6 +28,8 @@ OUTPUT = "vllm.v1.engine.output_processor:OutputProcessor"
 ENCODER_V2 = "vllm.v1.worker.gpu.mm.encoder_runner:EncoderRunner"
 ENCODER_STANDALONE = "vllm.v1.worker.cpu.encoder_runner:EncoderRunner"
 KV_STANDALONE = "vllm.v1.worker.cpu.kv_connector"
+MEDIA = "vllm.multimodal.media"
+RENDERER = "vllm.renderers.base:BaseRenderer"
 V1_RELEASES = "<0.34"  # vLLM 0.34 removed Model Runner V1
 STANDALONE_RELEASES = ">=0.34"  # and added a V2 runner of its own for CPUs without Triton
 
@@ -80,6 +82,34 @@ API_SERVER_ROWS = [
     api_server("ranges.warm_up",
                "vllm.multimodal.processing.processor:BaseMultiModalProcessor.get_dummy_mm_inputs",
                (), processor.dummy_inputs_made, RANGES),
+    # Media before the processor (vllm/media.py): each item's fetch, then its decode by the media
+    # IO vLLM made for it; each chat render's items and processing, for the TTFT split and the
+    # fetches the processor cache made pointless: those rows apply once an item comes by URL
+    # (or at start with the split on), so a process given only objects (the offline LLM's PIL
+    # images) pays nothing for them.
+    api_server("media.load", f"{MEDIA}.connector:MediaConnector.load_from_url",
+               ("url", "media_io"), media.item_loaded, RANGES),
+    api_server("media.load_async", f"{MEDIA}.connector:MediaConnector.load_from_url_async",
+               ("url", "media_io"), media.item_loaded_async, RANGES),
+    api_server("media.decode.image", f"{MEDIA}.image:ImageMediaIO.load_bytes", ("data",),
+               media.bytes_decoded, RANGES),
+    api_server("media.decode.video", f"{MEDIA}.video:VideoMediaIO.load_bytes", ("data",),
+               media.bytes_decoded, RANGES),
+    api_server("media.decode.audio", f"{MEDIA}.audio:AudioMediaIO.load_bytes", ("data",),
+               media.bytes_decoded, RANGES),
+    api_server("media.decode.audio_file", f"{MEDIA}.audio:AudioMediaIO.load_file", ("filepath",),
+               media.file_decoded, RANGES),
+    api_server("media.render", f"{RENDERER}.render_chat", (), media.chat_rendered, RANGES,
+               When.MEDIA),
+    api_server("media.render_async", f"{RENDERER}.render_chat_async", (),
+               media.chat_rendered_async, RANGES, When.MEDIA),
+    api_server("media.processed", f"{RENDERER}.process_for_engine", ("prompt", "arrival_time"),
+               media.processed, RANGES, When.MEDIA),
+    api_server("media.processed_async", f"{RENDERER}.process_for_engine_async",
+               ("prompt", "arrival_time"), media.processed_async, RANGES, When.MEDIA),
+    api_server(media.LOOKUP_ROW,
+               "vllm.multimodal.processing.processor:BaseMultiModalProcessor._get_cache_missing_items",
+               ("mm_hashes",), media.cache_looked_up, RANGES, When.MEDIA),
     # vLLM's output processor made with tracing on (--otlp-traces-endpoint) applies the OTLP rows
     # below; it is made once, so without tracing nothing is applied per request. EngineCore
     # reads the same switch from its scheduler's config (scheduler.scheduler_created).
