@@ -300,7 +300,7 @@ def test_wrong_model_name():
 def test_server_without_mmscope_counters():
     with failing_stand_in(PLAIN_VLLM_METRICS) as url:
         message = one_line_error(load(url))
-    assert message == (f"mmscope: error: {url}/metrics has no vllm:encoder_cache_queries_total: is "
+    assert message == (f"mmscope: error: {url}/metrics: no vllm:encoder_cache_queries_total: is "
                        "mmscope installed in the server's Python environment (vLLM loads it as a "
                        "plugin)?")
 
