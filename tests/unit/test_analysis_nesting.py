@@ -113,18 +113,19 @@ def table_columns(t):
 
 
 def expect_table(t, subs) -> None:
+    """subs: 1 for a start/end range, which NVTX lets overlap: never a crossing."""
     thread, start, end = table_columns(t)
     ref_depth, ref_parent, ref_crossing = oracle(thread, subs, start, end)
     assert t.parent.tolist() == ref_parent
     assert t.depth.tolist() == ref_depth
-    assert t.crossing.tolist() == ref_crossing
+    assert t.crossing.tolist() == [i for i in ref_crossing if not subs[i]]
 
 
 @settings(max_examples=30, deadline=None)
 @given(OPS, st.lists(st.tuples(st.integers(0, 20), st.integers(0, 15)), max_size=12))
 def test_nsys_push_pop_and_start_end_ranges(tmp_path_factory, ops, spans):
-    """Push/pop ranges nest as a stack; start/end ranges (type 60) overlap freely and nest
-    among themselves by containment, on the same thread."""
+    """Push/pop ranges nest as a stack; start/end ranges (type 60) overlap freely (no partial
+    overlap is a crossing) and nest among themselves by containment, on the same thread."""
     path = tmp_path_factory.mktemp("n") / "n.sqlite"
     with F.NsysFile(path) as f:
         for s, e in push_pop(ops):

@@ -15,7 +15,7 @@ ROLE_ORDER = (API_SERVER, ENGINE, WORKER)
 TITLES = (("EngineCor", ENGINE), ("Worker", WORKER))
 WORKER_STAGES = frozenset((stages.PREPROCESS, stages.FORWARD, stages.POSTPROCESS)
                           + stages.PREPROCESS_SIBLINGS)
-API_PREFIXES = (stages.HASH_PREFIX, stages.PROCESSOR_PREFIX)
+API_PREFIXES = (stages.HASH_PREFIX, stages.PROCESSOR_PREFIX, stages.MEDIA_PREFIX)
 
 
 def pid_of(thread: int) -> int:

@@ -190,7 +190,7 @@ def catalogued(name: str) -> bool:
     from mmscope import stages
 
     return (name in stages.ALL_FIXED
-            or name.startswith((stages.HASH_PREFIX, stages.PROCESSOR_PREFIX)))
+            or name.startswith((stages.HASH_PREFIX, stages.PROCESSOR_PREFIX, stages.MEDIA_PREFIX)))
 
 
 def _tree_table(role: str, processes: list[dict], nodes: list[dict], on_device: bool):

@@ -169,6 +169,8 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
     sub = (domain_id << 1) | (kind == START_END)
     depth, parent, crossing = nest_with_crossings(thread, sub, start, end, slack_ns)
     del sub
+    # NVTX lets start/end ranges overlap (concurrent media fetches on one thread): no crossing.
+    crossing = crossing[kind[crossing] != START_END]
     return RangeTable(
         name_id=name_id,
         start=start, end=end, kind=kind, thread=thread, end_thread=end_thread,
