@@ -1,6 +1,6 @@
 # The two entry points of the README: `make demo` and `make test`. Both set up .venv first; the
 # tests also .venv-vllm034, vLLM 0.34's own code for tests/vllm034.
-.PHONY: setup setup-tests demo test bench
+.PHONY: setup setup-tests demo test bench screenshot
 
 setup:
 	@bash scripts/setup.sh
@@ -25,3 +25,7 @@ test: setup-tests
 
 bench: setup
 	.venv/bin/python bench/trace_overhead.py
+
+# The README's picture of the HTML report, from a fresh demo run.
+screenshot: setup
+	.venv/bin/python scripts/report_screenshot.py --out docs/report.png

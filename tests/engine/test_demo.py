@@ -12,6 +12,7 @@ import pytest
 from mmscope.demo import environment
 
 pytestmark = pytest.mark.vllm
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_demo(out, *args, env=None):
@@ -52,6 +53,13 @@ def test_demo_end_to_end(tmp_path):
     assert os.listdir(out / "traces")
     # The package build compiles the NVTX recorder on Linux, so the demo records real NVTX.
     assert (out / "profile.sqlite").stat().st_size > 0
+    # `make screenshot`'s script draws the README's picture of this report in Chromium.
+    png = tmp_path / "report.png"
+    drawn = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "report_screenshot.py"),
+                            "--demo", str(out), "--out", str(png)], capture_output=True, text=True,
+                           timeout=300)
+    assert drawn.returncode == 0, drawn.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 50_000
 
 
 def test_demo_with_videos(tmp_path):

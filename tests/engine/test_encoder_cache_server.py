@@ -55,8 +55,10 @@ def test_the_quick_start_request_as_written_and_no_warm_up_in_the_stage_histogra
     images (PIL images, three of each stage) for no request; only the two real requests count."""
     assert quick_start.stages_at_start, "the stage histogram exists from the start"
     assert set(quick_start.stages_at_start.values()) == {0}
-    outputs = quick_start.run_rest()  # the request, then /metrics, as the README shows it
-    assert [block.lang for block, _ in outputs] == ["python", "bash"]
+    # doctor, the requests, /metrics, the cache's size: as the README shows them
+    outputs = quick_start.run_rest()
+    assert [block.lang for block, _ in outputs] == ["bash", "python", "bash", "bash"]
+    assert "vLLM 0.32.0: tested" in outputs[0][1]  # doctor, on the installed vLLM
     counts = stage_counts(quick_start.server.url)
     assert counts[stages.hash_range("image_bytes")] == 2  # the data URL, twice
     assert counts[stages.hash_range("pil_image")] == 0

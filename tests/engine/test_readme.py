@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 import threading
 import time
 
@@ -19,6 +21,29 @@ from tests.kit import readme
 from tests.kit.server import chat
 
 pytestmark = pytest.mark.vllm
+
+
+def test_the_install_line_builds_and_installs_mmscope_from_a_clone(tiny_model, tmp_path):
+    """`pip install .` in a clone (its tracked files as they are here), as written: pip builds the
+    package, its C library too, and installs it with vLLM's plugin entry point. Into a virtual
+    environment of its own, first on PATH, without dependencies: the suite's stays as it is."""
+    clone = tmp_path / "mmscope"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=readme.ROOT, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        source = readme.ROOT / name
+        if source.is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, clone / name)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    with readme.Section("install", tiny_model, clone, env={"PIP_NO_DEPS": "1"}) as section:
+        section.env["PATH"] = os.pathsep.join([str(venv / "bin"), section.env["PATH"]])
+        section.run_rest()
+    site, = venv.glob("lib/python*/site-packages")
+    assert list((site / "mmscope" / "record").glob("_nvtx_inject*.so"))
+    entry_points, = site.glob("mmscope-*.dist-info/entry_points.txt")
+    assert "mmscope.vllm.plugin:register" in entry_points.read_text()
 
 
 def test_the_offline_snippet_runs_as_a_script(tiny_model, tmp_path):

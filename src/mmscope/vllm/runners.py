@@ -4,8 +4,9 @@ of mmscope's hooks apply to it.
 """
 from __future__ import annotations
 
+from mmscope.emit import tracing
 from mmscope.log import logger
-from mmscope.vllm.patching import Status
+from mmscope.vllm.patching import Status, When, in_release
 
 V1, V2 = "v1", "v2"
 LABEL = {V1: "Model Runner V1", V2: "Model Runner V2"}
@@ -60,9 +61,12 @@ def announce(model_runner, table) -> None:
         return
     _announced = True
     runner = runner_of(model_runner)
-    rows = [h for h in table if h.runner == runner]
+    # this release's rows of the runner, those that open ranges only while mmscope traces
+    rows = [h for h in table if h.runner == runner and in_release(h, table.version)
+            and (h.when is When.START or tracing.on)]
     applied = [h for h in rows if h.status is Status.APPLIED]
-    others = sum(1 for h in table if h.runner not in (None, runner))
+    others = sum(1 for h in table if h.runner not in (None, runner)
+                 and in_release(h, table.version))
     line = (f"mmscope: this worker runs {LABEL[runner]} ({type(model_runner).__qualname__}): "
             f"{len(applied)} of its {len(rows)} hooks applied")
     left = [f"{h.name} ({h.status})" for h in rows if h.status is not Status.APPLIED]
