@@ -176,10 +176,15 @@ class ChromeTraceWriter:
 
 def format_events(events: list, quoted: dict[str, str], pid: int) -> bytes:
     """Complete ("X") events as JSON lines, formatted by hand (json.dumps per event costs 4x as
-    much). Chrome wants microseconds; integer arithmetic keeps the nanoseconds as three decimals."""
-    fmt = '{"name":%s,"ph":"X","ts":%d.%03d,"dur":%d.%03d,"pid":' + str(pid) + ',"tid":%d},\n'
-    return "".join([fmt % (quoted[n], *divmod(t0, 1000), *divmod(t1 - t0, 1000), tid)
-                    for n, t0, t1, tid in events]).encode()
+    much) in one `%` over the whole chunk (a third cheaper than one per event). Chrome wants
+    microseconds; integer arithmetic keeps the nanoseconds as three decimals."""
+    one = '{"name":%s,"ph":"X","ts":%d.%03d,"dur":%d.%03d,"pid":' + str(pid) + ',"tid":%d},\n'
+    args: list = []
+    add = args.extend
+    for n, t0, t1, tid in events:
+        d = t1 - t0
+        add((quoted[n], t0 // 1000, t0 % 1000, d // 1000, d % 1000, tid))
+    return ((one * len(events)) % tuple(args)).encode()
 
 
 def read_events(text: str) -> list | dict:
