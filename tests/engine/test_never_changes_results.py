@@ -35,8 +35,10 @@ def test_same_tokens_and_vllm_timing_without_plugin_with_every_range_and_a_hook_
     retired = {h for h, s in traced["hooks"].items() if s.startswith("retired:")}
     assert retired == {"stage_metrics.execute_model", "stage_metrics.sample_tokens"}
     per_request_span = {"otlp.request_added", "otlp.request_span"}  # once vLLM traces requests
-    assert {s for h, s in traced["hooks"].items() if h not in retired | per_request_span} == {
-        "applied"}
+    other_release = {h for h, s in traced["hooks"].items() if s.startswith("not in this release")}
+    assert other_release and all(".standalone" in h for h in other_release)  # vLLM 0.34's runner
+    assert {s for h, s in traced["hooks"].items()
+            if h not in retired | per_request_span | other_release} == {"applied"}
     assert os.listdir(tmp_path)
     assert traced["tokens"] == bare["tokens"]
     # vLLM's per-request processor stages, each timed (> 0), are the same with mmscope on.
