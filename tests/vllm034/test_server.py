@@ -119,7 +119,9 @@ def test_the_request_span_carries_items_outcomes_and_ttft_parts(served):
     for span in mm.values():
         assert otlp.multimodal(span)["items.image"] == 1
         parts = otlp.parts(spans, span)  # child spans end to end, adding up to the TTFT
-        assert "api_processing" in parts and "prefill" in parts
+        missed = otlp.multimodal(span)["encoder_cache.misses"] == 1
+        assert ("encoder" in parts) == missed, parts
+        assert min(parts[p] for p in (*stages.TTFT_API_PARTS, stages.TTFT_PREFILL)) > 0, parts
 
 
 def test_the_servers_trace_holds_the_stage_tree_and_passes_every_check(served):
