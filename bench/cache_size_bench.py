@@ -1,4 +1,4 @@
-"""Benchmark of `mmscope cache-size` (issue 9): a million access-log records, read and turned into
+"""Benchmark of `mmscope cache-size`: a million access-log records, read and turned into
 the whole hit-rate curve, against the per-capacity reference simulation of the same log.
 
 Generates a synthetic log (cached in /tmp): two engines, requests of 1-3 images drawn from a

@@ -1,4 +1,4 @@
-"""vLLM's environment for every test: offline, no usage reports, the model runner of the session
+"""vLLM's environment for every test: offline, no usage reports, the model runner of the test run
 (tests/kit/runners.py).
 
 The engine fixtures (the tiny model, a shared server) live in tests/engine/conftest.py.

@@ -1,5 +1,5 @@
 """Fixtures of the engine and server tests: the tiny models' environment in this process and in
-every process the tests start, the tiny LLaVA built once per session, and one shared OpenAI server
+every process the tests start, the tiny LLaVA built once per test run, and one shared OpenAI server
 with every range and the probe on."""
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def tiny_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def otlp_receiver():
-    """The OTLP/gRPC receiver of the session's servers that export vLLM's request spans."""
+    """The OTLP/gRPC receiver of the test run's servers that export vLLM's request spans."""
     from tests.kit.otlp import Receiver
 
     with Receiver() as receiver:
@@ -43,7 +43,7 @@ def otlp_receiver():
 
 @pytest.fixture(scope="session")
 def traced_server(tiny_model, tmp_path_factory, otlp_receiver):
-    """One OpenAI server for the session with every mmscope range on (MMSCOPE_TRACE=chrome), the
+    """One OpenAI server for the test run with every mmscope range on (MMSCOPE_TRACE=chrome), the
     probe on (VLLM_MM_CACHE_PROBE=1) and vLLM's request spans exported to `otlp_receiver`."""
     from mmscope.demo.serve import VllmServer
     from tests.kit import otlp

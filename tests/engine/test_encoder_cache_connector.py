@@ -1,5 +1,5 @@
 """EC connector: a producer engine writes encoder outputs through ECExampleConnector; a consumer
-engine counts them as connector hits and never runs its encoder. The consumer runs the session's
+engine counts them as connector hits and never runs its encoder. The consumer runs the test run's
 model runner; the producer always V1 (under V2, vLLM's encoder-only instance fails in vLLM)."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The encoder on its own instance (EPD): two OpenAI servers on loopback sharing one
 ECExampleConnector folder, an encoder producer and a prefill/decode consumer, each request routed
 as vLLM's disaggregated-encoder proxy routes it; exact counts and transfers on both. The PD
-instance runs the session's model runner, the encoder instance V1 (under V2, vLLM's encoder-only
+instance runs the test run's model runner, the encoder instance V1 (under V2, vLLM's encoder-only
 instance fails in vLLM itself)."""
 from __future__ import annotations
 

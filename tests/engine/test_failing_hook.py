@@ -38,7 +38,7 @@ WORKLOAD = [[1701], [1702], [1701], [1703], [1702], [1704, 1701], [1703]]
 
 @pytest.fixture(scope="module")
 def servers(tiny_model, tmp_path_factory, request):
-    """(failing, baseline): a server whose allocation hook raises, and the session's plain one.
+    """(failing, baseline): a server whose allocation hook raises, and the test run's plain one.
     The failing one starts in a thread while the baseline starts, so the two start-ups overlap."""
     from mmscope.demo.serve import VllmServer
 

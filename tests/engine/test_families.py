@@ -29,7 +29,7 @@ MODEL_CLASSES = {
 
 
 def built(tmp_path_factory, arch: str) -> str:
-    """One directory per family for the session (the build is idempotent)."""
+    """One directory per family for the test run (the build is idempotent)."""
     return tiny_model.build(str(tmp_path_factory.getbasetemp() / f"tiny-{arch}"), arch=arch)
 
 

@@ -93,7 +93,7 @@ def stage_count(delta, stage):
 @pytest.fixture(scope="module")
 def since() -> float:
     """When this module's requests began, on the traces' clock (CLOCK_MONOTONIC, in µs): the
-    session's traced server also serves other modules' fetches."""
+    test run's traced server also serves other modules' fetches."""
     return time.perf_counter_ns() / 1000
 
 

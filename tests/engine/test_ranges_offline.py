@@ -19,7 +19,7 @@ from tests.kit.engine import EncoderWork, image, offline_llm, prompt
 
 pytestmark = [pytest.mark.vllm, pytest.mark.runners]
 
-# The worker's stages under this session's runner: V2 has no counterpart of V1's prepare stage.
+# The worker's stages under the test run's runner: V2 has no counterpart of V1's prepare stage.
 SIBLINGS = tuple(s for s in stages.PREPROCESS_SIBLINGS
                  if runners.current() == runners.V1 or s != stages.PREPARE_MM_INPUTS)
 EVERY_STEP = tuple(s for s in (stages.GATHER_MM_EMBEDDINGS, stages.EMBED_INPUT_IDS,

@@ -38,6 +38,6 @@ def select() -> None:
         runpy.run_path(os.path.join(V2_STARTUP, "sitecustomize.py"))
 
 
-# For a process that must run V1 whatever the session's runner: an EC producer (under V2, vLLM's
+# For a process that must run V1 whatever the test run's runner: an EC producer (under V2, vLLM's
 # encoder-only instance fails in vLLM itself, docs/design.md §7).
 V1_ONLY = {"VLLM_USE_V2_MODEL_RUNNER": "0"}

