@@ -152,7 +152,8 @@ def child(args) -> None:
     from vllm import SamplingParams
 
     from mmscope.demo import tiny_model
-    from mmscope.vllm import engine_stats, step_telemetry
+    from mmscope.vllm.engine_core import handoff as engine_stats
+    from mmscope.vllm.worker import step_telemetry
     from mmscope.vllm.instrumentor import get_instrumentor
 
     from mmscope.emit import chrome, tracing

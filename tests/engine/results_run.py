@@ -32,7 +32,7 @@ def main():
     batch = [prompt([image(1)]), prompt([image(2), image(1)], "Two?"), prompt([], "Text only")]
     outs = llm.generate(batch, sp, use_tqdm=False)
     if sys.argv[2:] == ["break"]:
-        from mmscope.vllm.engine_state import state_of
+        from mmscope.vllm.engine_core.state import state_of
         sched = llm.llm_engine.engine_core.engine_core.scheduler
         state_of(sched.encoder_cache_manager).ledger = Sabotaged()
     outs += llm.generate(batch + [prompt([image(3)], "New?")], sp, use_tqdm=False)

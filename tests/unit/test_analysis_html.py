@@ -35,15 +35,15 @@ def metrics_page(path) -> None:
     the three requests' time to first token by part."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-    from mmscope.carry.ttft import TtftSplit
-    from mmscope.expose.metrics import EncoderCacheProm
-    from mmscope.expose.ttft import TtftProm
+    from mmscope.carry.ttft_split import TtftSplit
+    from mmscope.expose.metrics import EncoderCacheProm, MetricClasses
+    from mmscope.expose.ttft_histograms import TtftProm
 
     registry = CollectorRegistry()
     labels = {0: ["tiny", "0"]}
-    cache = EncoderCacheProm(partial(Counter, registry=registry),
-                             partial(Gauge, registry=registry),
-                             partial(Histogram, registry=registry), labels, ("image",), 4096)
+    cache = EncoderCacheProm(MetricClasses(partial(Counter, registry=registry),
+                                           partial(Gauge, registry=registry),
+                                           partial(Histogram, registry=registry)), labels, ("image",), 4096)
     cache.observe({"queries": 10, "hits": 4, "misses": 6, "hits_by_source:local": 3,
                    "hits_by_source:in_step": 1, "usage_embeds": 1536}, 0)
     ttft = TtftProm(partial(Histogram, registry=registry), labels)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from mmscope.carry import media
+from mmscope.carry import media_loads
 from mmscope.emit.chrome import LANE_TID_BASE, ChromeTraceWriter, read_events
 
 
@@ -16,27 +16,27 @@ from mmscope.emit.chrome import LANE_TID_BASE, ChromeTraceWriter, read_events
     ("http://127.0.0.1:8/a.png", "http"), ("https://example.org/a.png", "http"),
     ("file:///tmp/a.png", "file"), ("ftp://host/a.png", None), ("a.png", None)])
 def test_a_urls_source_is_vllms_own_reading(url, source):
-    assert media.source_of(url) == source
+    assert media_loads.source_of(url) == source
 
 
 def test_items_loaded_at_once_count_once_in_the_wall_time():
-    assert media.wall_ns([]) == 0
-    assert media.wall_ns([(0, 10), (20, 25)]) == 15  # one after the other
-    assert media.wall_ns([(0, 10), (5, 12), (2, 3)]) == 12  # overlapping and nested
-    assert media.wall_ns([(20, 30), (0, 10), (10, 20)]) == 30  # touching, in any order
+    assert media_loads.wall_ns([]) == 0
+    assert media_loads.wall_ns([(0, 10), (20, 25)]) == 15  # one after the other
+    assert media_loads.wall_ns([(0, 10), (5, 12), (2, 3)]) == 12  # overlapping and nested
+    assert media_loads.wall_ns([(20, 30), (0, 10), (10, 20)]) == 30  # touching, in any order
 
 
-def loaded(render: media.Render, *items) -> None:
+def loaded(render: media_loads.Render, *items) -> None:
     for source, modality, start, end in items:
-        render.item_loaded(media.Item(source, modality, start), end)
+        render.item_loaded(media_loads.Item(source, modality, start), end)
 
 
 def test_the_processor_caches_answers_name_the_fetches_it_made_pointless():
     """Per modality in order: the second image and the audio were in the cache."""
-    render, counts = media.Render(), media.MediaCounts()
+    render, counts = media_loads.Render(), media_loads.MediaCounts()
     loaded(render, ("http", "image", 0, 800), ("data_url", "image", 0, 5),
            ("http", "audio", 10, 40))
-    media.match_cached(render, {"image": ["a", "b"], "audio": ["c"]},
+    media_loads.match_cached(render, {"image": ["a", "b"], "audio": ["c"]},
                        {"image": [False, True], "audio": [True]}, counts)
     assert counts.drain() == {"cached:data_url:image": 1, "cached_ns:data_url:image": 5,
                               "cached:http:audio": 1, "cached_ns:http:audio": 30}
@@ -45,14 +45,14 @@ def test_the_processor_caches_answers_name_the_fetches_it_made_pointless():
 
 def test_a_prompt_with_items_that_came_as_objects_is_left_out():
     """Three image hashes, two image URLs loaded: which is which cannot be told."""
-    render, counts = media.Render(), media.MediaCounts()
+    render, counts = media_loads.Render(), media_loads.MediaCounts()
     loaded(render, ("http", "image", 0, 800), ("http", "image", 0, 800))
-    media.match_cached(render, {"image": ["a", "b", "c"]}, {"image": [True, True, True]}, counts)
+    media_loads.match_cached(render, {"image": ["a", "b", "c"]}, {"image": [True, True, True]}, counts)
     assert not counts.pending
 
 
 def test_a_failed_load_says_its_step():
-    counts, item = media.MediaCounts(), media.Item("http", "image", 0)
+    counts, item = media_loads.MediaCounts(), media_loads.Item("http", "image", 0)
     counts.failed(item)  # no bytes in hand: refused, an HTTP error
     item.fetched_ns = 5
     counts.failed(item)  # bytes that were no image
@@ -60,16 +60,16 @@ def test_a_failed_load_says_its_step():
 
 
 def test_lookups_are_taken_once_by_the_hashes_object():
-    lookups, hashes = media.Lookups(), {"image": ["a"]}
+    lookups, hashes = media_loads.Lookups(), {"image": ["a"]}
     lookups.looked_up(hashes, {"image": [True]})
     assert lookups.take({"image": ["a"]}) is None  # an equal dict is another prompt's
     assert lookups.take(hashes) == {"image": [True]} and lookups.take(hashes) is None
 
 
 def test_a_renders_requests_take_it_by_arrival_time():
-    from mmscope.vllm.media import Renders
+    from mmscope.vllm.api_server.media_items import Renders
 
-    renders, render = Renders(), media.Render()
+    renders, render = Renders(), media_loads.Render()
     renders.add(1.5, render)
     renders.add(1.5, render)  # a batch rendered at once: two requests, one arrival time
     assert renders.take(1.5) is render and renders.take(1.5) is render
@@ -102,7 +102,8 @@ def test_the_render_rows_apply_once_an_item_comes_by_url():
     from mmscope import stages
     from mmscope.demo.media import image
     from mmscope.emit.stage_timer import FRONTEND
-    from mmscope.vllm import media as adapter, targets
+    from mmscope.vllm import targets
+    from mmscope.vllm.api_server import media_items as adapter
     from mmscope.vllm.patching import Status, When
 
     rows = [r for r in targets.TABLE if r.name.startswith("media.")]

@@ -82,10 +82,10 @@ def test_chrome_nesting_durations_and_mark(chrome):
     assert {"process_name", "thread_name"} <= {m["name"] for m in meta}
 
 
-def test_chrome_decorator_and_threads_get_own_tracks(chrome):
-    @tracing.span("work")
+def test_chrome_threads_get_own_tracks(chrome):
     def work(x):
-        return x * 2
+        with tracing.span("work"):
+            return x * 2
 
     results = []
     threads = [threading.Thread(target=lambda: results.append(work(3)), name=f"t{i}")

@@ -14,8 +14,9 @@ from typing import NamedTuple
 
 import pytest
 
-from mmscope.vllm import doctor
-from mmscope.vllm import release_check as rc
+from mmscope.doctor import command as doctor
+from mmscope.doctor import release_check as rc
+from mmscope.vllm import releases
 
 SCHED = "vllm.v1.core.sched.scheduler"
 
@@ -72,10 +73,10 @@ def test_the_table_covers_the_newest_vllm_release_on_the_package_index():
     if found.returncode != 0 or match is None:
         pytest.skip(f"the package index cannot be reached: {(found.stderr or found.stdout)[-200:]}")
     newest = match[1]
-    print(f"newest vLLM on the package index: {newest}; table: {rc.standing(newest)}")
-    assert rc.standing(newest) != "untested", (
+    print(f"newest vLLM on the package index: {newest}; table: {releases.standing(newest)}")
+    assert releases.standing(newest) != "untested", (
         f"vLLM {newest} is out and mmscope neither tests nor checks it: add it to "
-        "release_check.TESTED / SOURCE_CHECKED after checking its sources (docs/vllm-0.34.md)")
+        "vllm/releases.py TESTED / SOURCE_CHECKED after checking its sources (docs/vllm-0.34.md)")
 
 
 def test_every_hook_target_is_in_the_installed_032_sources(installed):
@@ -150,7 +151,8 @@ def test_doctor_says_which_releases_are_tested_and_which_checked(wheel_033, whee
     report = doctor.report()
     releases = {(r["version"], r["how"]): r for r in report["releases"]}
     assert releases["0.32.0", "tested"]["runners"] == ["Model Runner V1", "Model Runner V2"]
-    assert releases["0.34.0", "tested"]["runners"] == ["Model Runner V2"]
+    assert releases["0.34.0", "tested"]["runners"] == ["Model Runner V2",
+                                                      "Model Runner V2, standalone CPU runner"]
     for version in ("0.33.0", "0.34.0"):
         checked = releases[version, "checked against its sources"]
         assert checked["status"] == "ok" and checked["failed"] == []

@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mmscope.errors import UserError
+from mmscope.vocabulary import Outcome
 
 FREE = -1
 MISS, HIT, CONNECTOR = 0, 1, 2
-OUTCOMES = {"MISS": MISS, "HIT": HIT, "DEFERRED": None}
+OUTCOMES = {Outcome.MISS: MISS, Outcome.HIT: HIT, Outcome.DEFERRED: None}
 
 
 @dataclass

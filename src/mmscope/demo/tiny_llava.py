@@ -60,7 +60,7 @@ def build_into(out_dir: str) -> None:
     from transformers import LlavaForConditionalGeneration, LlavaProcessor
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
-    from mmscope.demo.tiny_model import rename_weights
+    from mmscope.demo.weights import rename_weights
 
     tok = build_tokenizer()
     LlavaForConditionalGeneration(build_config(tok)).to(torch.float32).save_pretrained(

@@ -58,7 +58,7 @@ def build_into(out_dir: str) -> None:
     from transformers import Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor, \
         WhisperFeatureExtractor
 
-    from mmscope.demo.tiny_model import rename_weights
+    from mmscope.demo.weights import rename_weights
 
     tok = build_tokenizer()
     Qwen2AudioForConditionalGeneration(build_config(tok)).to(torch.float32).save_pretrained(

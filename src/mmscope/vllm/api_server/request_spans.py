@@ -8,7 +8,7 @@ import functools
 import threading
 import time
 
-from mmscope.carry import ttft
+from mmscope.carry import ttft_split
 from mmscope.carry.span_join import HELD, HOLD_S, SpanJoin
 from mmscope.vllm.patching import When
 
@@ -35,7 +35,7 @@ def _start(table) -> None:
 
     if SPANS is None:
         otlp.install()
-        SPANS = SpanJoin(ttft.enabled())
+        SPANS = SpanJoin(ttft_split.enabled())
         _span_hook = table.by_name[SPAN_HOOK]
         threading.Thread(target=_sweep, name="mmscope-request-spans", daemon=True).start()
         # atexit runs the last registered first: held spans go before vLLM's provider shuts down.
@@ -81,7 +81,7 @@ def request_traced(hook, wrapped, output_processor, args, kwargs, req_state):
     return _emit(wrapped, args, kwargs, req_state, *whole)
 
 
-def arrived(records: dict[str, dict[str, int]], splits: list[ttft.TtftSplit]) -> None:
+def arrived(records: dict[str, dict[str, int]], splits: list[ttft_split.TtftSplit]) -> None:
     """Records and splits that reached the API server (request_times): held spans now whole go."""
     try:
         SPANS.arrived(records, splits)

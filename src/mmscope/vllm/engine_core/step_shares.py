@@ -3,9 +3,9 @@ items it computed or loaded, by embeddings (docs/design.md §4a)."""
 from __future__ import annotations
 
 from mmscope import stages
-from mmscope.carry import ttft
+from mmscope.carry import ttft_split
 from mmscope.emit.stage_timer import WORKER
-from mmscope.vllm.engine_state import EngineState
+from mmscope.vllm.engine_core.state import EngineState
 
 
 def share_step(scheduler, state: EngineState | None, scheduler_output, sent) -> None:
@@ -29,12 +29,12 @@ def share_step(scheduler, state: EngineState | None, scheduler_output, sent) -> 
                 weights[request_id] = sum(request.mm_features[i].mm_position.get_num_embeds()
                                           for i in input_ids)
                 shares.computed(request_id, len(input_ids))
-        shares.share(ttft.ENCODER, step_ns.get(stages.VIT_FORWARD, 0), weights)
+        shares.share(ttft_split.ENCODER, step_ns.get(stages.VIT_FORWARD, 0), weights)
     if loaded:
         weights = {}
         for item in loaded:
             weights[item.request_id] = weights.get(item.request_id, 0) + item.embeds
-        shares.share(ttft.EC_LOAD, step_ns.get(stages.EC_LOAD, 0), weights)
+        shares.share(ttft_split.EC_LOAD, step_ns.get(stages.EC_LOAD, 0), weights)
 
 
 def past_first_token(scheduler, request_id: str) -> bool:

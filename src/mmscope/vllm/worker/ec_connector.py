@@ -1,5 +1,5 @@
 """The worker-side EC connector's load and save: timed as stages (docs/design.md §3) and counted as
-transfers (items, bytes, host seconds by direction), carried to EngineCore like the stage durations.
+transfers (carry/transfers.py), which ride to EngineCore like the stage durations.
 """
 from __future__ import annotations
 
@@ -7,41 +7,13 @@ import itertools
 import time
 
 from mmscope import stages
+from mmscope.carry.transfers import LOAD, SAVE, TRANSFERS
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import ENABLED, WORKER
-from mmscope.expose.metrics import DIRECTIONS
 
 # The parameters of the connector's methods the wrappers receive, bound by name.
 LOAD_PARAMS = ("encoder_cache",)
 SAVE_PARAMS = ("encoder_cache", "mm_hash")
-
-
-class TransferCounts:
-    """`{"items:load": n, "bytes:load": b, "ns:load": t, ...}` since the last drain, per process:
-    filled by the worker's wrappers, and in EngineCore by what a worker process sent."""
-
-    def __init__(self):
-        self.counts: dict[str, int] = {}
-
-    def add(self, direction: str, items: int, nbytes: int, ns: int) -> None:
-        for kind, n in (("items", items), ("bytes", nbytes), ("ns", ns)):
-            key = f"{kind}:{direction}"
-            self.counts[key] = self.counts.get(key, 0) + n
-
-    def merge(self, more: dict[str, int] | None) -> None:
-        for key, n in (more or {}).items():
-            self.counts[key] = self.counts.get(key, 0) + n
-
-    @property
-    def pending(self) -> bool:
-        return bool(self.counts)
-
-    def drain(self) -> dict[str, int]:
-        drained, self.counts = self.counts, {}
-        return drained
-
-
-TRANSFERS = TransferCounts()
 
 
 def _transfer(stage: str, direction: str, call):
@@ -60,7 +32,7 @@ def _transfer(stage: str, direction: str, call):
                 WORKER.clock.stop(WORKER, stage, started)
             items, nbytes = moved()
             if items:
-                TRANSFERS.add(direction, items, nbytes, elapsed)
+                TRANSFERS.moved(direction, items, nbytes, elapsed)
         except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
             hook.failed(e)
         return result
@@ -90,6 +62,6 @@ def _save(hook, wrapped, args, kwargs, encoder_cache, mm_hash):
     return result, lambda: (1, encoder_cache[mm_hash].nbytes)
 
 
-load_wrapper = _transfer(stages.EC_LOAD, DIRECTIONS[0], _load)
-save_wrapper = _transfer(stages.EC_SAVE, DIRECTIONS[1], _save)
+load_wrapper = _transfer(stages.EC_LOAD, LOAD, _load)
+save_wrapper = _transfer(stages.EC_SAVE, SAVE, _save)
 

@@ -46,7 +46,7 @@ class EngineShares:
         if counts:
             record.update(counts)
 
-    def share(self, slot: int, step_ns: int, weights: dict[str, int]) -> None:
+    def share(self, slot: str, step_ns: int, weights: dict[str, int]) -> None:
         """A step's `step_ns` shared by embeddings (`weights`: request -> embeddings it computed
         or loaded); integer nanoseconds, the remainder to the largest share, so that the shares
         add up to the step exactly."""

@@ -8,7 +8,7 @@ import functools
 from mmscope.carry import request_facts
 from mmscope.carry.ledger import Decision
 from mmscope.emit.stage_timer import WORKER
-from mmscope.vllm.engine_state import existing, item_of, state_of
+from mmscope.vllm.engine_core.state import existing, item_of, state_of
 
 
 # --- EncoderCacheManager: the scheduler's look at each item in a request's token window --------

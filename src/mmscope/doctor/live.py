@@ -14,7 +14,7 @@ from mmscope.expose.metrics import HOOK_OFF
 # (vllm/runners.py, vllm/patching.py, vllm/instrumentor.py) say the rest.
 _PROCESS = r"(?:\((?P<process>[^)]*)\) )?"
 WORKER = re.compile(_PROCESS + r".*mmscope: this worker runs (?P<runner>Model Runner V\d) "
-                    r"\((?P<cls>[^)]*)\): (?P<hooks>.*?); the other runner")
+                    r"\((?P<cls>[^)]*)\): (?P<hooks>.*?); (?:the|no) other runner")
 HOOK_OFF_LINE = re.compile(_PROCESS + r".*mmscope: hook (?P<hook>\S+) raised (?P<error>.*); "
                            r"it is now off and vLLM continues without it")
 CANNOT_HOOK = re.compile(_PROCESS + r".*mmscope: cannot hook (?P<hook>\S+) \((?P<target>[^)]*)\): "

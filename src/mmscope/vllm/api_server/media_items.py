@@ -11,19 +11,19 @@ import time
 from collections import OrderedDict
 
 from mmscope import stages
-from mmscope.carry import media
+from mmscope.carry import media_loads
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import ENABLED, FRONTEND
 from mmscope.vllm.patching import Status, When
 
-COUNTS = media.MediaCounts()
-LOOKUPS = media.Lookups()
+COUNTS = media_loads.MediaCounts()
+LOOKUPS = media_loads.Lookups()
 # The render running in this task (its items load in tasks it starts, which copy the context).
-CURRENT: contextvars.ContextVar[media.Render | None] = contextvars.ContextVar(
+CURRENT: contextvars.ContextVar[media_loads.Render | None] = contextvars.ContextVar(
     "mmscope_render", default=None)
 # Items being loaded, by their media IO object: vLLM makes one per item and hands it to the
 # decode, which runs on a media thread where the task's context is not.
-_loading: dict[int, media.Item] = {}
+_loading: dict[int, media_loads.Item] = {}
 # The row that admits requests to the TTFT split: renders wait for it by arrival time only then.
 ASSIGN_ROW = "request_times.assigned"
 LOOKUP_ROW = "media.cache_lookup"  # one of the rows applied once media come by URL
@@ -34,16 +34,16 @@ class Renders:
     exit (request_times); a render's requests share it. Bounded as the split's halves are."""
 
     def __init__(self):
-        self.by_arrival: OrderedDict[float, media.Render] = OrderedDict()
+        self.by_arrival: OrderedDict[float, media_loads.Render] = OrderedDict()
 
-    def add(self, arrival_time: float, render: media.Render) -> None:
+    def add(self, arrival_time: float, render: media_loads.Render) -> None:
         if self.by_arrival.get(arrival_time) is not render:
             self.by_arrival[arrival_time] = render
-            if len(self.by_arrival) > media.MAX_PENDING:
+            if len(self.by_arrival) > media_loads.MAX_PENDING:
                 self.by_arrival.popitem(last=False)
         render.requests += 1
 
-    def take(self, arrival_time: float) -> media.Render | None:
+    def take(self, arrival_time: float) -> media_loads.Render | None:
         render = self.by_arrival.get(arrival_time)
         if render is not None:
             render.requests -= 1
@@ -70,9 +70,9 @@ def modality_of(media_io) -> str | None:
 
 
 # --- one item: MediaConnector.load_from_url[_async] and the media IO's decode -------------------
-def _begin(hook, url, media_io) -> media.Item | None:
+def _begin(hook, url, media_io) -> media_loads.Item | None:
     try:
-        source = media.source_of(url) if isinstance(url, str) else None
+        source = media_loads.source_of(url) if isinstance(url, str) else None
         modality = modality_of(media_io) if source else None
         if modality is None:
             return None  # embeddings, or a URL vLLM refuses: not a media item
@@ -80,7 +80,7 @@ def _begin(hook, url, media_io) -> media.Item | None:
         if table.by_name[LOOKUP_ROW].status is Status.NOT_APPLIED:
             table.apply(When.MEDIA, table.version)  # this render's prompts are processed after
         name = stages.media_range(stages.MEDIA_FETCH, source, modality)
-        item = media.Item(source, modality, time.perf_counter_ns(),
+        item = media_loads.Item(source, modality, time.perf_counter_ns(),
                           tracing.interval(name) if tracing.on else None)
         _loading[id(media_io)] = item
         return item
@@ -89,7 +89,7 @@ def _begin(hook, url, media_io) -> media.Item | None:
         return None
 
 
-def _end(hook, item: media.Item, media_io, ok: bool | None) -> None:
+def _end(hook, item: media_loads.Item, media_io, ok: bool | None) -> None:
     """The item's load returned (ok), raised (False) or was cancelled with its request (None)."""
     try:
         _loading.pop(id(media_io), None)
@@ -186,7 +186,7 @@ def _decode(hook, wrapped, media_io, args, kwargs, size, what):
 # --- a render: its items and its multimodal processing ------------------------------------------
 def chat_rendered(hook, wrapped, renderer, args, kwargs):
     """BaseRenderer.render_chat: the items of its conversations load inside it."""
-    token = CURRENT.set(media.Render())
+    token = CURRENT.set(media_loads.Render())
     try:
         return wrapped(*args, **kwargs)
     finally:
@@ -200,7 +200,7 @@ def chat_rendered_async(hook, wrapped, renderer, args, kwargs):
 
 
 async def _rendering(rendering):
-    token = CURRENT.set(media.Render())
+    token = CURRENT.set(media_loads.Render())
     try:
         return await rendering
     finally:
@@ -242,10 +242,10 @@ def _processed(hook, engine_input, arrival_time, start: int) -> None:
         hashes = engine_input.get("mm_hashes") if isinstance(engine_input, dict) else None
         found = LOOKUPS.take(hashes) if hashes is not None else None
         # Prompts rendered without a chat (vLLM's completions) share a record by arrival time.
-        render = CURRENT.get() or RENDERS.by_arrival.get(arrival_time) or media.Render()
+        render = CURRENT.get() or RENDERS.by_arrival.get(arrival_time) or media_loads.Render()
         render.processor.append((start, end))
         if found and render.loaded:
-            media.match_cached(render, hashes, found, COUNTS)
+            media_loads.match_cached(render, hashes, found, COUNTS)
         if hook.table.by_name[ASSIGN_ROW].status is Status.APPLIED:
             RENDERS.add(arrival_time, render)
     except Exception as e:  # noqa: BLE001

@@ -6,7 +6,8 @@ from __future__ import annotations
 from mmscope import stages
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import ENABLED, WORKER, timed_stage
-from mmscope.vllm import ec_connector, runners
+from mmscope.vllm import runners
+from mmscope.vllm.worker import ec_connector
 from mmscope.vllm.patching import wrap_instance
 
 
@@ -40,7 +41,8 @@ def timed(name: str, multimodal=None, skip=None):
 # --- the encoder forward --------------------------------------------------------------------
 def encoder_forward(hook, wrapped, runner, args, kwargs):
     """V1: timed_encoder_operation wraps exactly model.embed_multimodal per encoder batch;
-    wrapping _execute_mm_encoder instead would also swallow the EC save loop (the seed's bug)."""
+    wrapping _execute_mm_encoder instead would also swallow the EC save loop, which vit_forward
+    never contains (docs/design.md §6, the checks)."""
     return timed_stage(stages.VIT_FORWARD, WORKER, wrapped(*args, **kwargs))
 
 
@@ -125,7 +127,7 @@ def model_loaded(hook, wrapped, runner, args, kwargs):
         model = getattr(runner, "model", None)
         if model is not None:
             wrap_instance(model, "embed_input_ids", _embed_timed, hook, ("multimodal_embeddings",))
-            if hook.runner == runners.V2:
+            if runners.is_v2(hook.runner):
                 wrap_instance(model, "embed_multimodal", encoder_batch, hook)
         _time_on_device(getattr(runner, "device", None))
         runners.announce(runner, hook.table)
@@ -144,7 +146,7 @@ def _time_on_device(device) -> None:
 
 
 def connector_created(hook, wrapped, cls, args, kwargs, role):
-    """The worker-side EC connector's load and save are timed and counted (vllm/ec_connector.py):
+    """The worker-side EC connector's load and save are timed and counted (worker/ec_connector.py):
     start_load_caches includes the host-to-device copy, save_caches the device-to-host one."""
     connector = wrapped(*args, **kwargs)
     try:

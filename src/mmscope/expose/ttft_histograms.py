@@ -6,7 +6,7 @@ Names beside vLLM's `vllm:time_to_first_token_seconds` and `vllm:request_*_time_
 from __future__ import annotations
 
 from mmscope import stages
-from mmscope.carry.ttft import TtftSplit
+from mmscope.carry.ttft_split import TtftSplit
 
 PART_HISTOGRAM = (
     "vllm:request_ttft_part_seconds",

@@ -2,19 +2,20 @@
 §5): the fetch and the decode of its media, the bytes fetched, the fetches that failed, and the
 fetches vLLM's processor cache made pointless; and, per render, the wall time of its items.
 
-Independent of vLLM: the adapter (vllm/media.py) feeds it items and the cache's lookups.
+Independent of vLLM: the adapter (vllm/api_server/media_items.py) feeds it items and the
+cache's lookups.
 """
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 
 from mmscope import stages
+from mmscope.carry import counts
 
 # Bounds on what waits for its other half (a render's requests, a lookup's hashes).
 MAX_PENDING = 4096
-# Wire keys of the per-process counts, "<kind>:<source>:<modality>" (failures
-# "failed:<step>:<source>:<modality>"): flat dict[str, int] as the encoder cache's counts.
+# Kinds of the per-process counts (carry/counts.py), labelled by source and modality (failures
+# by step, source and modality).
 BYTES, FAILED, CACHED, CACHED_NS = "bytes", "failed", "cached", "cached_ns"
 
 
@@ -98,40 +99,22 @@ def wall_ns(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
-class MediaCounts:
-    """Per-process counts of the API server, drained into Prometheus with its stage durations.
-    Items end on the event loop, the decode's bytes in vLLM's media threads: one lock."""
-
-    def __init__(self):
-        self.counts: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def add(self, key: str, n: int) -> None:
-        with self._lock:
-            self.counts[key] = self.counts.get(key, 0) + n
+class MediaCounts(counts.Counts):
+    """The API server's media counts, drained into Prometheus with its stage durations."""
 
     def loaded(self, item: Item) -> None:
-        self.add(f"{BYTES}:{item.source}:{item.modality}", item.bytes)
+        self.add(counts.key(BYTES, item.source, item.modality), item.bytes)
 
     def failed(self, item: Item) -> None:
         """The load raised: in the fetch (no bytes: refused, HTTP error, bad URL) or in the
         decode (bytes that are no media of that kind)."""
         step = stages.MEDIA_DECODE if item.fetched_ns is not None else stages.MEDIA_FETCH
-        self.add(f"{FAILED}:{step}:{item.source}:{item.modality}", 1)
+        self.add(counts.key(FAILED, step, item.source, item.modality), 1)
 
     def cached(self, modality: str, source: str, ns: int) -> None:
         """An item fetched and decoded although the processor cache held its content."""
-        self.add(f"{CACHED}:{source}:{modality}", 1)
-        self.add(f"{CACHED_NS}:{source}:{modality}", ns)
-
-    @property
-    def pending(self) -> bool:
-        return bool(self.counts)
-
-    def drain(self) -> dict[str, int]:
-        with self._lock:
-            drained, self.counts = self.counts, {}
-        return drained
+        self.add(counts.key(CACHED, source, modality), 1)
+        self.add(counts.key(CACHED_NS, source, modality), ns)
 
 
 def match_cached(render: Render, hashes: dict[str, list], is_cached: dict[str, list[bool]],
