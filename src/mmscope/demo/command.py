@@ -123,14 +123,13 @@ def _analyse(profile: str, html: str, metrics_page: str):
 
 
 def _report(out: str, profile: str, analysis, elapsed: float) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from mmscope.analyze.report import print_terminal
+    from mmscope.console import report_console
     from mmscope.load import series
 
-    # Piped output gets rich's 80 columns by default: too narrow for the stage table.
-    console = Console() if sys.stdout.isatty() else Console(width=150)
+    console = report_console()
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
     console.rule("[bold]mmscope demo: where the time of the multimodal pipeline goes")

@@ -51,8 +51,9 @@ def is_built(out_dir: str, seed: int = 0, arch: str = DEFAULT_ARCH) -> bool:
 
 
 def default_dir(arch: str = DEFAULT_ARCH) -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mmscope", "tiny-" + arch.replace("_", "-"))
+    from mmscope.cache_dir import cache_dir
+
+    return cache_dir("tiny-" + arch.replace("_", "-"))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

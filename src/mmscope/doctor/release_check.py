@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmscope.cache_dir import cache_dir
 from mmscope.errors import UserError
 from mmscope.vllm.releases import SOURCE_CHECKED, TESTED
 
@@ -26,8 +26,7 @@ WHEEL_PLATFORM = "manylinux_2_28_x86_64"
 
 
 def wheel_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mmscope" / "wheels"
+    return Path(cache_dir("wheels"))
 
 
 def fetch_command(version: str) -> list[str]:

@@ -172,9 +172,9 @@ def _count(n: int, noun: str) -> str:
 
 
 def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> None:
-    from rich.console import Console
+    from mmscope.console import report_console
 
-    console = console or Console(width=None if _is_tty() else 160)
+    console = console or report_console()
     rows = [level_json(lv) for lv in levels]
     console.print(header(info, levels), highlight=False)
     tables = [(MAIN_TITLE, _main_table(rows)), (CACHE_TITLE, _cache_table(rows))]
@@ -191,12 +191,6 @@ def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> No
         style = "" if level.verdict.ok else "bold red"
         console.print(f"reuse {level.plan.reuse:g}: {level.verdict.text}", style=style,
                       highlight=False)
-
-
-def _is_tty() -> bool:
-    import sys
-
-    return sys.stdout.isatty()
 
 
 def _num(value, fmt: str = "{:g}") -> str:

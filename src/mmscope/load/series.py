@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mmscope.expose import metrics
 from mmscope.expose.readout import series_key
-from mmscope.vocabulary import HIT_SOURCES, Feature
+from mmscope.vocabulary import HIT_SOURCES, Feature  # noqa: F401 - HIT_SOURCES: the labels read
 
 
 def _key(family: dict, wire_key: str) -> str:

@@ -1,18 +1,15 @@
 """Run the cache-size workload (single-image requests with repeats at varying distances) on the tiny
 model in-process at one encoder-cache capacity; print the encoder-cache counters as JSON.
 
-Usage: python tests/engine/cache_size_run.py MODEL_DIR MAX_NUM_BATCHED_TOKENS [--log FILE] [--max-tokens N]
+Usage (from the repository's root): python -m tests.kit.cache_size_run MODEL_DIR MAX_NUM_BATCHED_TOKENS [--log FILE] [--max-tokens N]
 vLLM sets the encoder cache to max_num_batched_tokens embeddings (16 per tiny-model image).
 """
 import argparse
 import json
 import os
 import random
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from tests.kit.engine import counters, image, offline_llm, prompt  # noqa: E402
+from tests.kit.engine import counters, image, offline_llm, prompt
 
 BATCHES, PER_BATCH = 4, 20
 DEPTHS = (1, 2, 3, 5, 8)  # stack depth of a repeat: an LRU of k images hits depths <= k

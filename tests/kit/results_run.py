@@ -2,16 +2,13 @@
 with `break`, mmscope's ledger is sabotaged half-way to prove a failing hook changes nothing; with
 `vllm-stats`, vLLM's own processor timing is on and its per-request stages are printed too.
 
-Usage: python tests/engine/results_run.py MODEL_DIR [break | vllm-stats]
+Usage (from the repository's root): python -m tests.kit.results_run MODEL_DIR [break | vllm-stats]
 """
 import json
 import logging
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from tests.kit.engine import image, offline_llm, prompt  # noqa: E402
+from tests.kit.engine import image, offline_llm, prompt
 
 
 class Sabotaged:

@@ -2,11 +2,11 @@
 side of tests/vllm034/test_cpu_ops.py:
 
 - `cpu`: vLLM's CPU wrappers (`vllm/v1/worker/cpu/*`), which call the ops under
-  `torch.ops._C`: here the stand-ins of tests/data/vllm034/vllm034_cpu_ops.py;
+  `torch.ops._C`: here the stand-ins of tests/kit/startup/vllm034/vllm034_cpu_ops.py;
 - `triton`: the same calls on Model Runner V2's wrappers (`vllm/v1/worker/gpu/*`), whose Triton
   kernels the ops replace, run by Triton's interpreter. vLLM takes Triton's kernels only in a
   process started with the `v2` runner, so this side runs as
-  `python -m tests.vllm034.cpu_ops_cases OUT SEEDS` in one (tests/kit/vllm034.py).
+  `python -m tests.kit.vllm034_cpu_ops_cases OUT SEEDS` in one (tests/kit/vllm034.py).
 
 A batch mixes requests in their prefill (chunked or whole) with decoding ones and ones at their
 last prompt token, these two with draft tokens, in a random order of request slots; the sampler's rows have temperatures of 0 and not,

@@ -5,7 +5,7 @@ allocation hook calls `EncoderCacheLedger.allocated`, so that hook meets an erro
 """
 from mmscope.carry.ledger import EncoderCacheLedger
 
-MESSAGE = "allocation record broken on purpose by tests/data/failing_hook"
+MESSAGE = "allocation record broken on purpose by tests/kit/startup/failing_hook"
 
 
 def _raise(self, key):

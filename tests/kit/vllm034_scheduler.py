@@ -32,7 +32,7 @@ def create_scheduler(model: str, *, max_num_seqs: int = 4, max_num_batched_token
     from vllm.v1.structured_output import StructuredOutputManager
 
     # On x86 vLLM 0.34 refuses a config without Triton; the test start-up answers for it
-    # (tests/data/vllm034/sitecustomize.py), as in an engine of either runner.
+    # (tests/kit/startup/vllm034/sitecustomize.py), as in an engine of either runner.
     vllm_config = EngineArgs(
         model=model, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,

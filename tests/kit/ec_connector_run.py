@@ -1,14 +1,11 @@
 """Run one ECExampleConnector role on the tiny model in-process and print counters as JSON.
 
-Usage: python tests/engine/ec_connector_run.py ROLE MODEL_DIR SHARED_DIR IMAGE_SEEDS (comma-separated)
+Usage (from the repository's root): python -m tests.kit.ec_connector_run ROLE MODEL_DIR SHARED_DIR IMAGE_SEEDS (comma-separated)
 """
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from tests.kit.engine import EncoderWork, counters, image, offline_llm, prompt  # noqa: E402
+from tests.kit.engine import EncoderWork, counters, image, offline_llm, prompt
 
 
 def main():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-DATA = Path(__file__).parent.parent / "data" / "record"
+DATA = Path(__file__).parent.parent / "kit" / "nvtx_programs"
 PY = sys.executable
 NSYS_AI = "nsys-ai==0.3.0"
 VENV = Path(os.environ.get("MMSCOPE_NSYS_AI_VENV",
