@@ -76,7 +76,7 @@ def non_negative(text: str) -> int:
 def workload_batch(batch_no: int, requests: int) -> list[dict]:
     """Single-image requests; half the images repeat earlier ones of the batch (hits and misses
     both exercised); fresh images per batch, so that each batch does the same encoder work."""
-    from mmscope.demo.media import image
+    from mmscope.demo.inputs import image
 
     base = 100_000 * batch_no
     return [{"prompt": f"<s>user: <image>Question {i}?\nassistant:",

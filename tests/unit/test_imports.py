@@ -107,6 +107,14 @@ def test_no_folder_holds_more_than_15_modules():
     assert not crowded, crowded
 
 
+def test_every_module_imports():
+    """Each module of the package imports by its name (a rename leaves no stale import)."""
+    import importlib
+
+    for name in sorted(modules()):
+        importlib.import_module(name)
+
+
 def test_the_cycle_finder_finds_one():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None

@@ -100,7 +100,7 @@ def test_the_render_rows_apply_once_an_item_comes_by_url():
     from vllm.multimodal.media.connector import MediaConnector
 
     from mmscope import stages
-    from mmscope.demo.media import image
+    from mmscope.demo.inputs import image
     from mmscope.emit.stage_timer import FRONTEND
     from mmscope.vllm import targets
     from mmscope.vllm.api_server import media_items as adapter

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mmscope import vocabulary
 from mmscope.errors import UserError
 from mmscope.vocabulary import Outcome
 
@@ -87,7 +88,7 @@ def _parse(f, path: str) -> Trace:
                 outcome = OUTCOMES[p[8]]
                 if outcome is None:  # DEFERRED: committed again when it is really scheduled
                     continue
-                if outcome and p[9].rstrip("\n") == "connector":
+                if outcome and p[9].rstrip("\n") == vocabulary.CONNECTOR:
                     outcome = CONNECTOR
                 embeds = int(p[7])
                 e = engines.get(p[2]) or _engine(engines, p[2])
