@@ -21,10 +21,11 @@ MEDIA_MODALITIES = ("image", "video", "audio")
 HASH_BRANCHES = ("bytes", "str", "number", "pil_image", "image_bytes", "video", "tensor",
                  "ndarray", "pickle")
 # vLLM's TimingContext stage names -> our processor stage names.
+HF_PROCESSOR = "apply_hf_processor"  # the HF processor's run: what a processor-cache hit spares
 PROCESSOR_STAGES = {
     "get_mm_hashes": "get_mm_hashes",
     "get_cache_missing_items": "cache_lookup",
-    "apply_hf_processor": "hf_processor",
+    HF_PROCESSOR: "hf_processor",
     "merge_mm_kwargs": "merge_mm_kwargs",
     "apply_prompt_updates": "prompt_update",
 }

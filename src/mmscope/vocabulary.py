@@ -1,5 +1,6 @@
 """The words mmscope's figures are made of, each defined once: the features a hook serves, the
-processes it runs in, an encoder input's outcomes and a hit's sources.
+processes it runs in, an encoder input's outcomes, a hit's sources and an item's way through the
+cache layers.
 
 Stage (range) names live in stages.py, series names in expose/metrics.py.
 """
@@ -42,3 +43,37 @@ class Outcome(enum.StrEnum):
 # same step, loaded by the EC connector.
 LOCAL, IN_STEP, CONNECTOR = "local", "in_step", "connector"
 HIT_SOURCES = (LOCAL, IN_STEP, CONNECTOR)
+
+
+class ProcessorWay(enum.StrEnum):
+    """What vLLM's processor cache (--mm-processor-cache-gb) did for an item: held its processed
+    inputs (the HF processor skipped), looked it up in vain, or never looked (off, or bypassed)."""
+
+    HIT = "hit"
+    MISS = "miss"
+    OFF = "off"
+
+
+class EncoderWay(enum.StrEnum):
+    """Where an item's embeddings came from at its final outcome (a deferral is none):
+    the encoder cache (a hit resident or computed in the same step), the prefix cache (its
+    placeholders all in KV), the EC connector (loaded), or the encoder itself."""
+
+    CACHE_HIT = "cache_hit"
+    PREFIX_COVERED = "prefix_covered"
+    EC_LOADED = "ec_loaded"
+    COMPUTED = "computed"
+
+
+class Layer(enum.StrEnum):
+    """The cache layers that spare an item work, as the work they saved is labelled."""
+
+    PROCESSOR_CACHE = "processor_cache"  # the HF processor's run
+    PREFIX_CACHE = "prefix_cache"  # the encoder's run (the item's tokens were already in KV)
+    ENCODER_CACHE = "encoder_cache"  # the encoder's run
+    EC_CONNECTOR = "ec_connector"  # the encoder's run, less the load's
+
+
+# The layer whose work an encoder way spared (computed: none)
+LAYER_OF = {EncoderWay.CACHE_HIT: Layer.ENCODER_CACHE, EncoderWay.PREFIX_COVERED: Layer.PREFIX_CACHE,
+            EncoderWay.EC_LOADED: Layer.EC_CONNECTOR}

@@ -261,6 +261,47 @@ def test_the_api_servers_media_counts_reach_metrics_and_the_stats_line(vllm_conf
                       for step in ("fetch", "decode") for source in ("http", "data_url", "file")}
 
 
+def test_each_items_way_and_the_work_saved_reach_metrics_and_the_stats_line(vllm_config,
+                                                                             metrics_hooks):
+    """EngineCore sends two items of hash A (computed, then a hit) and what its encoder cost;
+    the processor cache missed A, then held it (its HF processor ran 20 ms for one image)."""
+    from mmscope.vllm.api_server import processor_cache
+
+    def labelled(name: str, *labels: str) -> dict[tuple, float]:
+        return {tuple(smp.labels[k] for k in labels): smp.value
+                for family in text_string_to_metric_families(generate_latest(REGISTRY).decode())
+                for smp in family.samples if smp.name == name}
+
+    mgr = manager(vllm_config, engines=(0, 1))
+    items = labelled("vllm:mm_items_total", "processor", "encoder", "engine")
+    assert len(items) == 12 * 2 and set(items.values()) == {0}  # 3 x 4 ways of images, 2 engines
+    zeros = samples("vllm:mm_")
+    assert {k[2] for k in zeros if k[0] == "vllm:mm_item_embeddings_count"} == {"image"}
+    assert not any(k[0] == "vllm:mm_encoder_seconds_per_embedding" for k in zeros)  # not yet
+    processor_cache.WAYS.looked_up([("A", False), ("A", True)])
+    processor_cache.HF_COSTS.processed({"image": 1}, 20_000_000)
+    stats = stats_with(wire((0, Decision.COMPUTE), (1, Decision.LOCAL_HIT)))
+    stats.mm_item_ways = [("A", "image", "computed", 16), ("A", "image", "cache_hit", 16)]
+    stats.mm_encoder_costs = {"encoder_ns:image": 8_000_000, "encoder_embeds:image": 16}
+    record(mgr, stats, engine_idx=1)
+    found = {k: v for k, v in labelled("vllm:mm_items_total", "processor", "encoder",
+                                       "engine").items() if v}
+    assert found == {("miss", "computed", "1"): 1, ("hit", "cache_hit", "1"): 1}
+    saved = labelled("vllm:mm_work_saved_seconds_total", "layer", "engine")
+    ns_per_item = processor_cache.HF_COSTS.ns_per_item("image")
+    assert saved[("processor_cache", "1")] == pytest.approx(ns_per_item / 1e9)
+    assert saved[("encoder_cache", "1")] == pytest.approx(0.008)  # 16 embeddings at 0.5 ms
+    assert saved[("prefix_cache", "1")] == saved[("ec_connector", "1")] == 0
+    assert saved[("encoder_cache", "0")] == 0
+    s = samples("vllm:mm_")
+    assert s[("vllm:mm_item_embeddings_count", "1", "image")] == 2
+    assert s[("vllm:mm_item_embeddings_sum", "1", "image")] == 32
+    assert s[("vllm:mm_encoder_seconds_per_embedding", "1", "image")] == pytest.approx(0.0005)
+    line = stats_line(mgr, "Engine 001")
+    assert f", Cache work saved: {0.008 + ns_per_item / 1e9:.3f} s" in line
+    assert "Cache work saved" not in stats_line(mgr, "Engine 001")  # since the last line only
+
+
 def test_the_warm_up_is_no_traffic_for_the_stage_histogram(vllm_config, metrics_hooks):
     """vLLM's warm-up and profile runs hash and process dummy items for no request
     (BaseMultiModalProcessor.get_dummy_mm_inputs): no stage durations; a real input has them."""

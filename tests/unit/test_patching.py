@@ -377,11 +377,13 @@ class Unweakable:
 def test_a_plugin_wrapper_that_raises_puts_vllms_method_back(caplog):
     """The real stat_loggers.record hook on vLLM's StatLoggerManager: vLLM's loop has run for
     every logger when ours fails; the hook turns off, and the next step is vLLM's alone."""
+    import dataclasses
     from types import SimpleNamespace as NS
 
     from vllm.v1.metrics.loggers import StatLoggerManager
 
     from mmscope.vllm import targets
+    from mmscope.vllm.wire.scheduler_stats import Carried
 
     original = StatLoggerManager.__dict__["record"]
     hook = targets.TABLE.by_name["stat_loggers.record"]
@@ -389,8 +391,8 @@ def test_a_plugin_wrapper_that_raises_puts_vllms_method_back(caplog):
     try:
         manager = object.__new__(StatLoggerManager)
         manager.stat_loggers = [Unweakable()]
-        stats = NS(encoder_cache_stats={"queries": 1}, mm_stage_durations=None,
-                   mm_request_shares=None, mm_ec_transfers=None, mm_hooks_off=None)
+        stats = NS(**{f.name: None for f in dataclasses.fields(Carried)},
+                   encoder_cache_stats={"queries": 1})
         with caplog.at_level(logging.WARNING, logger="vllm.mmscope"):
             for _ in range(2):
                 manager.record(scheduler_stats=stats, iteration_stats=None, engine_idx=0)

@@ -26,7 +26,8 @@ def _samples(registry, engine="0") -> dict[tuple, float]:
             for family in text_string_to_metric_families(generate_latest(registry).decode())
             for s in family.samples
             if not s.name.endswith("_created") and s.labels.get("engine") == engine
-            and not s.name.startswith(("vllm:mm_stage_duration", "vllm:mm_media_"))}
+            and not s.name.startswith(("vllm:mm_stage_duration", "vllm:mm_media_",
+                                       "vllm:mm_item", "vllm:mm_work_saved"))}
 
 
 def _wire(*decisions: tuple[int, Decision, str]) -> dict[str, int]:

@@ -26,7 +26,8 @@ class Decision(enum.Enum):
 
 
 class Item(NamedTuple):
-    """One multimodal input of one request; `key` is its content hash (the cache identifier).
+    """One multimodal input of one request; `key` is its content hash (the cache identifier),
+    `mm_hash` the processor's hash of it (the key less a LoRA prefix; empty: the same).
     A NamedTuple: one is built per scheduled item, and a frozen dataclass costs 5x as much."""
 
     request_id: str
@@ -34,6 +35,7 @@ class Item(NamedTuple):
     modality: str
     key: str
     embeds: int
+    mm_hash: str = ""
 
 
 @dataclass

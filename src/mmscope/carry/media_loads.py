@@ -100,10 +100,20 @@ def wall_ns(intervals: list[tuple[int, int]]) -> int:
 
 
 class MediaCounts(counts.Counts):
-    """The API server's media counts, drained into Prometheus with its stage durations."""
+    """The API server's media counts, and each item's size, drained into Prometheus with its
+    stage durations."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes: list[tuple[str, str, int]] = []  # (source, modality, bytes) of each item
 
     def loaded(self, item: Item) -> None:
         self.add(counts.key(BYTES, item.source, item.modality), item.bytes)
+        self.sizes.append((item.source, item.modality, item.bytes))
+
+    def take_sizes(self) -> list[tuple[str, str, int]]:
+        sizes, self.sizes = self.sizes, []
+        return sizes
 
     def failed(self, item: Item) -> None:
         """The load raised: in the fetch (no bytes: refused, HTTP error, bad URL) or in the

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from mmscope import stages
-from mmscope.carry import counts, media_loads, transfers
+from mmscope.carry import counts, item_ways, media_loads, transfers
 from mmscope.vocabulary import HIT_SOURCES, Feature
 
 # wire key -> (name, documentation); "encoder cache" everywhere so that they cannot be taken for
@@ -103,6 +103,28 @@ MEDIA = {
                       "Fetch and decode time of those items (wall time per item): what a client "
                       "or proxy cache by URL would have saved."),
 }
+# Each item's way through the cache layers and what each layer saved (carry/item_ways.py; the
+# seconds travel in ns), and each item's size.
+ITEMS = ("vllm:mm_items", ("modality", "processor", "encoder"),
+         "Multimodal items, each counted once at its final outcome by the way it went: processor "
+         "(vLLM's processor cache, --mm-processor-cache-gb: hit, miss, off) and encoder (where its "
+         "embeddings came from: cache_hit, prefix_covered, ec_loaded, computed).")
+WORK_SAVED = ("vllm:mm_work_saved_seconds", ("layer",),
+              "Work the cache layers saved, in seconds of the stage each skipped as measured on "
+              "this server (layer processor_cache: the HF processor's mean time per item; "
+              "encoder_cache, prefix_cache: the encoder's mean time per embedding times the "
+              "item's embeddings; ec_connector: that less the EC load's).")
+ITEM_EMBEDDINGS = ("vllm:mm_item_embeddings",
+                   "Embeddings (encoder-output rows) per multimodal item, at its final outcome.")
+EMBEDDINGS_BUCKETS = (1, 4, 16, 64, 256, 576, 1024, 2304, 4096, 9216, 16384, 65536)
+ITEM_BYTES = ("vllm:mm_item_bytes",
+              "Bytes per multimodal item fetched before the processor, by source and modality.")
+BYTES_BUCKETS = (1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+ENCODER_SECONDS_PER_EMBEDDING = (
+    "vllm:mm_encoder_seconds_per_embedding",
+    "The encoder's mean time per embedding on this engine since its start, by modality: its "
+    "steps' encoder time shared among the items computed by embeddings (device time on an "
+    "accelerator). Absent until the encoder has run.")
 STAGE_HISTOGRAM = (
     "vllm:mm_stage_duration_seconds",
     "Duration of one multimodal pipeline stage (label stage: the mmscope range name, e.g. "
@@ -121,7 +143,8 @@ HOOK_OFF = (
     "ttft_parts: the TTFT split), never left to read as zeros.")
 
 ENGINE_LABELS = ["model_name", "engine"]
-NS_KINDS = (transfers.NS, media_loads.CACHED_NS)  # counted in ns, exposed in seconds
+# counted in ns, exposed in seconds
+NS_KINDS = (transfers.NS, media_loads.CACHED_NS, item_ways.SAVED_NS)
 
 
 class MetricClasses(NamedTuple):
@@ -173,11 +196,27 @@ class EncoderCacheProm:
         self._media = {kind: classes.counter(name=n, documentation=d,
                                              labelnames=ENGINE_LABELS + list(extra))
                        for kind, (n, extra, d) in MEDIA.items()} if modalities else {}
+        self._items = classes.counter(name=ITEMS[0], documentation=ITEMS[2],
+                                      labelnames=ENGINE_LABELS + list(ITEMS[1]))
+        self._saved = classes.counter(name=WORK_SAVED[0], documentation=WORK_SAVED[2],
+                                      labelnames=ENGINE_LABELS + list(WORK_SAVED[1]))
+        self._embeddings = classes.histogram(
+            name=ITEM_EMBEDDINGS[0], documentation=ITEM_EMBEDDINGS[1],
+            labelnames=ENGINE_LABELS + ["modality"], buckets=EMBEDDINGS_BUCKETS)
+        self._per_embedding = classes.gauge(
+            name=ENCODER_SECONDS_PER_EMBEDDING[0], documentation=ENCODER_SECONDS_PER_EMBEDDING[1],
+            labelnames=ENGINE_LABELS + ["modality"], multiprocess_mode="mostrecent")
+        self._item_bytes = classes.histogram(
+            name=ITEM_BYTES[0], documentation=ITEM_BYTES[1],
+            labelnames=ENGINE_LABELS + ["source", "modality"],
+            buckets=BYTES_BUCKETS) if modalities else None
+        self._way_updates: dict[tuple[int, str], object] = {}
         self.hook_off_gauge = classes.gauge(
             name=HOOK_OFF[0], documentation=HOOK_OFF[1],
             labelnames=ENGINE_LABELS + ["hook", "feature", "process"],
             multiprocess_mode="mostrecent")
-        self._counts = [*counters.values(), *self._labeled.values(), *gauges.values()]
+        self._counts = [*counters.values(), *self._labeled.values(), *gauges.values(),
+                        self._items, self._saved, self._embeddings, self._per_embedding]
         for idx, values in per_engine_labelvalues.items():
             for key, metric in counters.items():
                 self._updates[(idx, key)] = metric.labels(*values).inc
@@ -208,6 +247,12 @@ class EncoderCacheProm:
                 self._stage_observer(idx, stage)
             for wire_key in media_keys(modalities):
                 self._media_inc(idx, wire_key)
+            for wire_key in item_ways.item_keys(modalities) + item_ways.saved_keys():
+                self._way_update(idx, wire_key)
+            for modality in modalities:
+                self._embeddings.labels(*values, modality)
+            for source, modality in media_pairs(modalities):
+                self._item_bytes.labels(*values, source, modality)
 
     # --- the encoder cache's counts -------------------------------------------------------------
     def observe(self, wire: dict[str, int], engine_idx: int) -> None:
@@ -238,6 +283,34 @@ class EncoderCacheProm:
         if self.bytes_per_embed:
             self._updates[(engine_idx, BYTES_OF[key])](embeds * self.bytes_per_embed)
 
+    # --- each item's way and what the layers saved --------------------------------------------
+    def observe_ways(self, joined: item_ways.Joined, costs: item_ways.EngineCostTotals,
+                     engine_idx: int) -> None:
+        if engine_idx not in self.labelvalues or engine_idx in self._withdrawn[Feature.ACCOUNTING]:
+            return
+        for wire_key, n in joined.counts.items():
+            if n:
+                self._way_update(engine_idx, wire_key)(_exposed(wire_key, n))
+        values = self.labelvalues[engine_idx]
+        observers: dict[str, object] = {}
+        for modality, embeds in joined.sizes:
+            observe = observers.get(modality)
+            if observe is None:
+                observe = observers[modality] = self._embeddings.labels(*values, modality).observe
+            observe(embeds)
+        for modality in costs.modalities():
+            self._per_embedding.labels(*values, modality).set(
+                costs.encoder_ns_per_embed(modality) / 1e9)
+
+    def _way_update(self, engine_idx: int, wire_key: str):
+        inc = self._way_updates.get((engine_idx, wire_key))
+        if inc is None:
+            kind, labels = counts.split(wire_key)
+            metric = self._items if kind == item_ways.ITEMS else self._saved
+            inc = self._way_updates[(engine_idx, wire_key)] = metric.labels(
+                *self.labelvalues[engine_idx], *labels).inc
+        return inc
+
     # --- stages, transfers and media --------------------------------------------------------
     def observe_stages(self, durations: dict[str, list[int]], engine_idx: int) -> None:
         if engine_idx not in self.labelvalues or engine_idx in self._withdrawn[Feature.RANGES]:
@@ -264,13 +337,18 @@ class EncoderCacheProm:
             if inc is not None and n:
                 inc(_exposed(wire_key, n))
 
-    def observe_media(self, wire: dict[str, int], engine_idx: int) -> None:
+    def observe_media(self, wire: dict[str, int], engine_idx: int,
+                      sizes: list[tuple[str, str, int]] = ()) -> None:
+        """The media counts, and (source, modality, bytes) of each item fetched."""
         if (engine_idx not in self.labelvalues or engine_idx in self._withdrawn[Feature.RANGES]
                 or not self._media):
             return
         for wire_key, n in wire.items():
             if n:
                 self._media_inc(engine_idx, wire_key)(_exposed(wire_key, n))
+        values = self.labelvalues[engine_idx]
+        for source, modality, nbytes in sizes:
+            self._item_bytes.labels(*values, source, modality).observe(nbytes)
 
     def _media_inc(self, engine_idx: int, wire_key: str):
         inc = self._media_incs.get((engine_idx, wire_key))
@@ -306,7 +384,8 @@ class EncoderCacheProm:
         if feature == Feature.ACCOUNTING:
             return self._counts
         if feature == Feature.RANGES:
-            return [self.stage_seconds, *self._transfer_metrics.values(), *self._media.values()]
+            return [self.stage_seconds, *self._transfer_metrics.values(), *self._media.values(),
+                    *([self._item_bytes] if self._item_bytes is not None else [])]
         return []
 
 
@@ -320,10 +399,15 @@ def _exposed(wire_key: str, n: int) -> float:
     return n / 1e9 if counts.split(wire_key)[0] in NS_KINDS else n
 
 
+def media_pairs(modalities) -> list[tuple[str, str]]:
+    """(source, modality) of every item a model accepting `modalities` may fetch."""
+    return [(s, m) for s in stages.MEDIA_SOURCES for m in modalities
+            if m in stages.MEDIA_MODALITIES]
+
+
 def media_keys(modalities) -> list[str]:
     """The media series a model accepting `modalities` has from the start, as wire keys."""
-    pairs = [(s, m) for s in stages.MEDIA_SOURCES for m in modalities
-             if m in stages.MEDIA_MODALITIES]
+    pairs = media_pairs(modalities)
     kinds = (media_loads.BYTES, media_loads.CACHED, media_loads.CACHED_NS)
     return [counts.key(kind, *pair) for kind in kinds for pair in pairs] + [
         counts.key(media_loads.FAILED, step, *pair) for pair in pairs

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from mmscope import stages
 from mmscope.carry import ttft_split
-from mmscope.vllm.api_server import media_items as media, processor, request_spans as rs
+from mmscope.vllm.api_server import media_items as media, processor, processor_cache as pc
+from mmscope.vllm.api_server import request_spans as rs
 from mmscope.vllm.api_server import request_times as rt, stat_loggers as sl, stats_line
 from mmscope.vllm.engine_core import handoff, scheduler as sch
 from mmscope.vllm.worker import outputs, preprocess_stages as ws, step_scopes as sc
@@ -81,6 +82,13 @@ API_SERVER_ROWS = [
     api_server("ranges.warm_up",
                "vllm.multimodal.processing.processor:BaseMultiModalProcessor.get_dummy_mm_inputs",
                (), processor.dummy_inputs_made, RANGES),
+    # vLLM's processor cache: what it did for each item, by hash, and what the HF processor
+    # costs per item, for each item's way through the cache layers (docs/design.md §4b).
+    api_server("processor_cache.merge",
+               "vllm.multimodal.processing.processor:BaseMultiModalProcessor._merge_mm_kwargs",
+               ("cache", "mm_hashes", "mm_is_cached"), pc.cache_merged, ACCOUNTING),
+    api_server("processor_cache.skipped", f"{RENDERER}._process_multimodal", ("skip_mm_cache",),
+               pc.prompt_processed, ACCOUNTING),
     # Media before the processor (api_server/media_items.py): each item's fetch, then its decode by the media
     # IO vLLM made for it; each chat render's items and processing, for the TTFT split and the
     # fetches the processor cache made pointless: those rows apply once an item comes by URL

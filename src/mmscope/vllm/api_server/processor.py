@@ -75,9 +75,36 @@ def dummy_inputs_made(hook, wrapped, processor, args, kwargs):
         _warm_up.on = False
 
 
+def warming_up() -> bool:
+    """vLLM's warm-up or profile run is making dummy inputs on this thread."""
+    return getattr(_warm_up, "on", False)
+
+
 def _collector():
     """Where a stage's duration goes: FRONTEND, or nowhere during a warm-up."""
-    return UNCOUNTED if getattr(_warm_up, "on", False) else FRONTEND
+    return UNCOUNTED if warming_up() else FRONTEND
+
+
+class _HfProcessorTimed:
+    """FRONTEND for the HF processor's stage, which also keeps its last duration on this thread:
+    what the processor cache's hits spare is priced by it (api_server/processor_cache.py)."""
+
+    clock = FRONTEND.clock
+
+    @staticmethod
+    def record(stage: str, duration_ns: int) -> None:
+        FRONTEND.record(stage, duration_ns)
+        _last_hf.ns = duration_ns
+
+
+_last_hf = threading.local()
+
+
+def take_hf_processor_ns() -> int | None:
+    """The HF processor's last duration on this thread, once."""
+    ns = getattr(_last_hf, "ns", None)
+    _last_hf.ns = None
+    return ns
 
 
 def item_hashed(hook, wrapped, cls, args, kwargs, items):
@@ -106,5 +133,6 @@ def processor_stage(hook, wrapped, timing, args, kwargs, stage):
     With it off (`enabled` false, the default) vLLM's record() only yields: the stage timer then
     stands in for that no-op block rather than nesting it; with it on, it wraps vLLM's timer."""
     inner = wrapped(*args, **kwargs) if timing.enabled else None
-    collector = UNCOUNTED if getattr(_warm_up, "on", False) else FRONTEND
+    collector = (UNCOUNTED if warming_up() else _HfProcessorTimed if stage == stages.HF_PROCESSOR
+                 else FRONTEND)
     return timed_stage(stages.processor_range(stage), collector, inner)

@@ -7,16 +7,19 @@ from __future__ import annotations
 import functools
 import weakref
 
-from mmscope.carry import ttft_split
+from mmscope.carry import item_ways, ttft_split
 from mmscope.emit.stage_timer import FRONTEND, merge
 from mmscope.expose.metrics import EncoderCacheProm, MetricClasses
 from mmscope.expose.ttft_histograms import TtftProm
-from mmscope.vllm.api_server import hooks_off, media_items, request_times, stats_line
+from mmscope.vllm.api_server import (hooks_off, media_items, processor_cache, request_times,
+                                     stats_line)
 from mmscope.vllm.encoder_outputs import bytes_per_embedding
 from mmscope.vocabulary import Feature
 
 # vLLM's PrometheusStatLogger -> our series, weakly: state of ours never hangs on vLLM's logger.
 _prom: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# engine index -> what its encoder and EC loads cost since its start (each item's way, §4b)
+ENGINE_COSTS: dict[int, item_ways.EngineCostTotals] = {}
 
 
 def metric_classes(prom_logger) -> MetricClasses:
@@ -79,6 +82,7 @@ def stats_recorded(hook, wrapped, manager, args, kwargs, scheduler_stats, engine
     if stats is not None and (stats.encoder_cache_stats or stats.mm_stage_durations
                               or FRONTEND.pending or stats.mm_request_shares
                               or stats.mm_ec_transfers or stats.mm_hooks_off
+                              or stats.mm_item_ways or stats.mm_encoder_costs
                               or media_items.COUNTS.pending):
         try:
             engine_idx = engine_idx or 0
@@ -88,20 +92,36 @@ def stats_recorded(hook, wrapped, manager, args, kwargs, scheduler_stats, engine
                 request_times.engine_shares(stats.mm_request_shares, engine_idx)
             # The API server's media counts, like its stage durations, go out with this step's.
             media = media_items.COUNTS.drain() if media_items.COUNTS.pending else None
+            sizes = media_items.COUNTS.take_sizes() if media else ()
+            ways = (_joined(stats, engine_idx) if stats.mm_item_ways or stats.mm_encoder_costs
+                    else None)
             for stat_logger in manager.stat_loggers:
-                _record(stat_logger, stats, engine_idx, media)
+                _record(stat_logger, stats, engine_idx, media, sizes, ways)
         except Exception as e:  # noqa: BLE001
             hook.failed(e)
     return result
 
 
-def _record(stat_logger, stats, engine_idx: int, media: dict[str, int] | None) -> None:
+def _joined(stats, engine_idx: int) -> tuple[item_ways.Joined, item_ways.EngineCostTotals]:
+    """The items EngineCore sent, joined once with the processor cache's answers for them."""
+    costs = ENGINE_COSTS.get(engine_idx)
+    if costs is None:
+        costs = ENGINE_COSTS[engine_idx] = item_ways.EngineCostTotals()
+    costs.add(stats.mm_encoder_costs)
+    return item_ways.join(stats.mm_item_ways or (), processor_cache.WAYS,
+                          processor_cache.HF_COSTS, costs), costs
+
+
+def _record(stat_logger, stats, engine_idx: int, media: dict[str, int] | None, sizes,
+            ways: tuple[item_ways.Joined, item_ways.EngineCostTotals] | None) -> None:
     prom = _prom.get(stat_logger)
     if prom is not None:
         if media:
-            prom.observe_media(media, engine_idx)
+            prom.observe_media(media, engine_idx, sizes)
         if stats.encoder_cache_stats:
             prom.observe(stats.encoder_cache_stats, engine_idx)
+        if ways is not None:
+            prom.observe_ways(*ways, engine_idx)
         # API-server stages, timed in this process, go out with the worker's batch.
         if stats.mm_stage_durations or FRONTEND.pending:
             prom.observe_stages(merge(FRONTEND.drain(), stats.mm_stage_durations), engine_idx)
@@ -116,6 +136,8 @@ def _record(stat_logger, stats, engine_idx: int, media: dict[str, int] | None) -
             stats_line.window(stat_logger).add_counts(stats.encoder_cache_stats)
         if media:
             stats_line.window(stat_logger).add_media(media)
+        if ways is not None:
+            stats_line.window(stat_logger).add_saved(ways[0].counts)
 
 
 @functools.cache

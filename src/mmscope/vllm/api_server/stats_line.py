@@ -1,5 +1,5 @@
-"""vLLM's periodic stats line gains the encoder cache's windowed rates and the media fetched
-though cached (docs/design.md §5), or says why the figures are off.
+"""vLLM's periodic stats line gains the encoder cache's windowed rates, the work the cache layers
+saved and the media fetched though cached (docs/design.md §5), or says why the figures are off.
 
 LoggingStatLogger.log builds its line in one call with no extension point: a filter on its
 logger appends to the line logged while a logger's log() runs on this thread.
@@ -10,7 +10,7 @@ import logging
 import threading
 import weakref
 
-from mmscope.carry import counts, media_loads
+from mmscope.carry import counts, item_ways, media_loads
 from mmscope.carry.ledger import EncoderCacheStats
 from mmscope.vllm.api_server import hooks_off
 
@@ -35,6 +35,7 @@ class EncoderWindow:
         # media items fetched and decoded although the processor cache held them, and their
         # seconds, since the last stats line
         self.redundant = [0, 0]
+        self.saved_ns = 0  # work the cache layers saved since the last stats line, all layers
 
     def add_counts(self, wire: dict[str, int]) -> None:
         from vllm.v1.metrics.stats import BaseCacheStats
@@ -52,6 +53,9 @@ class EncoderWindow:
         if embeds:
             self.saved.observe(BaseCacheStats(requests=s.requests, queries=embeds,
                                               hits=s.hit_embeds + s.prefix_covered_embeds))
+
+    def add_saved(self, wire: dict[str, int]) -> None:
+        self.saved_ns += sum(n for k, n in wire.items() if counts.split(k)[0] == item_ways.SAVED_NS)
 
     def add_media(self, wire: dict[str, int]) -> None:
         for wire_key, n in wire.items():
@@ -84,8 +88,8 @@ def stats_logged(hook, wrapped, log_logger, args, kwargs):
 class EncoderHitRateFilter(logging.Filter):
     """Appends `Encoder cache hit rate: X.X%`, the encoder work saved in embeddings (and the
     encoder work avoided per item sent, while the window holds items the prefix cache spared),
-    and the media fetched though the processor cache held them since the last line, to the stats
-    line of the logger whose log() is running."""
+    the seconds every cache layer saved and the media fetched though the processor cache held
+    them since the last line, to the stats line of the logger whose log() is running."""
 
     MARKER = "Avg prompt throughput"
 
@@ -111,6 +115,10 @@ class EncoderHitRateFilter(logging.Filter):
         if found.covered.hit_rate > 0:  # items the prefix cache spared lie in the window
             record.msg += ", Encoder work avoided: %.1f%% of items"
             args += (found.avoided.hit_rate * 100,)
+        if found.saved_ns:  # since the last line: every layer's, by its skipped stage's cost
+            record.msg += ", Cache work saved: %.3f s"
+            args += (found.saved_ns / 1e9,)
+            found.saved_ns = 0
         if found.redundant[0]:  # since the last line: fetches a cache by URL would have saved
             record.msg += ", Media fetched though cached: %d items, %.2f s"
             args += (found.redundant[0], found.redundant[1] / 1e9)

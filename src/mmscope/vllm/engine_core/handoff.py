@@ -1,6 +1,6 @@
-"""EngineCore: the ledger's counts, the worker's stage durations, the EC transfers, the requests'
-TTFT shares and the hooks turned off handed to the step's SchedulerStats, which vLLM carries to
-the API server (wire/scheduler_stats.py)."""
+"""EngineCore: the ledger's counts, each item's way and what the encoder cost, the worker's stage
+durations, the EC transfers, the requests' TTFT shares and the hooks turned off handed to the
+step's SchedulerStats, which vLLM carries to the API server (wire/scheduler_stats.py)."""
 from __future__ import annotations
 
 import time
@@ -79,13 +79,18 @@ def _attach(state: EngineState, outputs, now: float) -> None:
     ledger = state.ledger
     news = ledger.has_news
     durations = WORKER.pending or state.worker_durations
-    if not (news or durations or state.shares.done or TRANSFERS.pending or TURNED_OFF.unsent):
+    ways = state.ways.pending or state.costs.pending
+    if not (news or durations or ways or state.shares.done or TRANSFERS.pending
+            or TURNED_OFF.unsent):
         return
     stats = _step_stats(outputs)
     if stats is None:
         return
     if news:
         stats.encoder_cache_stats = ledger.drain().to_wire()
+    if ways:
+        stats.mm_item_ways = state.ways.drain()
+        stats.mm_encoder_costs = state.costs.drain()
     if durations:
         stats.mm_stage_durations = merge(state.worker_durations, WORKER.drain())
         state.worker_durations = {}

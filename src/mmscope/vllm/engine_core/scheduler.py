@@ -38,6 +38,8 @@ def entries_freed(hook, wrapped, manager, args, kwargs, request):
     try:
         state = state_of(manager)
         state.ledger.forget(request.request_id)
+        if request.is_finished():  # not preempted: its items will not be committed again
+            state.ways.finished(request.request_id)
         if state.access_log is not None:
             state.access_log.freed(request.request_id)
     except Exception as e:  # noqa: BLE001

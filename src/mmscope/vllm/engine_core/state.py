@@ -1,11 +1,11 @@
 """What mmscope keeps per scheduler in EngineCore: the encoder-cache ledger, its sinks (probe lines,
-access log), the requests' TTFT shares and the worker durations received, keyed weakly by vLLM's
-EncoderCacheManager (one per scheduler)."""
+access log, each item's way), the requests' TTFT shares, what the encoder and EC loads cost and the
+worker durations received, keyed weakly by vLLM's EncoderCacheManager (one per scheduler)."""
 from __future__ import annotations
 
 import weakref
 
-from mmscope.carry import access_log, request_facts, ttft_split
+from mmscope.carry import access_log, item_ways, request_facts, ttft_split
 from mmscope.carry.ledger import EncoderCacheLedger, Item, probe_line
 from mmscope.flags import flag
 from mmscope.log import logger
@@ -26,7 +26,10 @@ class EngineState:
         if log_access is not None:
             log_access.capacity(manager.cache_size, bytes_per_embed)
         self.access_log = log_access
-        self.ledger = EncoderCacheLedger(probe=_sink(probe_enabled(), log_access))
+        self.ways = item_ways.EngineWays()  # each item's way, at its final outcome
+        self.costs = item_ways.EncoderCosts()  # what the encoder and EC loads cost per embedding
+        self.ledger = EncoderCacheLedger(probe=_sink(probe_enabled(), log_access,
+                                                     self.ways.committed))
         self.worker_durations: dict[str, list[int]] = {}
         self.shares = ttft_split.EngineShares()  # each multimodal request's encoder and EC-load time
         self.split_ttft = ttft_split.enabled()  # no request is admitted to the shares otherwise
@@ -44,7 +47,7 @@ class EngineState:
         def tally(outcome, item, source):
             request_facts.tally(shares.record(item.request_id), outcome, item, source)
 
-        self.ledger.probe = _sink(probe_enabled(), self.access_log, tally)
+        self.ledger.probe = _sink(probe_enabled(), self.access_log, self.ways.committed, tally)
 
 
 # Keyed weakly: the state lives as long as vLLM's manager and never keeps it alive.
@@ -78,16 +81,16 @@ def existing(manager) -> EngineState | None:
     return state
 
 
-def _sink(log_probe: bool, log_access, tally=None):
-    """Where committed decisions go: probe lines, the access log, the requests' records, any of
-    them or nowhere."""
+def _sink(log_probe: bool, log_access, ways, tally=None):
+    """Where committed decisions go: each item's way, and probe lines, the access log, the
+    requests' records where they are on."""
     def probe(outcome, item, source):
         logger.info(probe_line(outcome, item, source))
 
     sinks = [s for s in (probe if log_probe else None, log_access.item if log_access else None,
-                         tally) if s is not None]
+                         ways, tally) if s is not None]
     if len(sinks) < 2:
-        return sinks[0] if sinks else None
+        return sinks[0]
 
     def every(outcome, item, source):
         for sink in sinks:
@@ -99,4 +102,4 @@ def item_of(request, index: int) -> Item:
     """Item `index` of a vLLM request, as the ledger counts it."""
     feature = request.mm_features[index]
     return Item(request.request_id, index, feature.modality, feature.identifier,
-                feature.mm_position.get_num_embeds())
+                feature.mm_position.get_num_embeds(), feature.mm_hash or "")

@@ -1,4 +1,4 @@
-"""What rides from EngineCore to the API server: five fields mmscope declares on vLLM's
+"""What rides from EngineCore to the API server: seven fields mmscope declares on vLLM's
 SchedulerStats, which vLLM sends with every step's outputs (docs/design.md §4, Transport).
 
 msgspec encodes only declared dataclass fields, so both processes declare them before process 0
@@ -24,6 +24,13 @@ class Carried:
                                                                             init=False)
     # the EC connector's transfers since the last stats (carry/transfers.py)
     mm_ec_transfers: dict[str, int] | None = dataclasses.field(default=None, init=False)
+    # the items committed since the last stats, each once at its final outcome, in commit order:
+    # (processor hash, modality, encoder way, embeddings) (carry/item_ways.py)
+    mm_item_ways: list[tuple[str, str, str, int]] | None = dataclasses.field(default=None,
+                                                                             init=False)
+    # what the encoder and the EC loads cost since the last stats: ns and embeddings by modality
+    # (carry/item_ways.py, EncoderCosts)
+    mm_encoder_costs: dict[str, int] | None = dataclasses.field(default=None, init=False)
     # hooks of EngineCore's process (and its workers') turned off since the last stats: name -> why
     mm_hooks_off: dict[str, str] | None = dataclasses.field(default=None, init=False)
 
