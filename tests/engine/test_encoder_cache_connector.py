@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from mmscope import stages
+from tests.engine.test_cache_layers import agree_with_the_counters, ways
 from tests.kit import runners, traces as tk
 
 pytestmark = [pytest.mark.vllm, pytest.mark.runners]
@@ -44,6 +45,12 @@ def test_producer_then_consumer(tiny_model, tmp_path):
     assert consumed["encoder_cache_queries"] == 2
     assert consumed["encoder_cache_misses"] == 0
     assert consumed["encoder_cache_hits_by_source{source=connector}"] == 2
+
+    # Each item's way: the producer computed two and reused the repeat (its processor cache
+    # held it); the consumer loaded both, its own processor cache new.
+    assert ways(produced) == ({"miss": 2, "hit": 1}, {"computed": 2, "cache_hit": 1})
+    assert ways(consumed) == ({"miss": 2}, {"ec_loaded": 2})
+    agree_with_the_counters(produced), agree_with_the_counters(consumed)  # vLLM's, mmscope's
 
     # Transfers through LLM.get_metrics(): two items saved, the same two loaded, byte for byte.
     # (Its reader makes every counter an int, so the seconds, well under one, read 0 there.)

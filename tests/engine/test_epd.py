@@ -22,6 +22,8 @@ from mmscope import stages
 from mmscope.demo.serve import VllmServer
 from mmscope.load.epd import primer_requests
 from mmscope.demo.tiny_llava import IMAGE_TOKENS
+from tests.engine.test_cache_layers import agree_with_the_counters, reading, saved, ways
+from tests.engine.test_cache_layers import settled as settled_ways
 from tests.kit import otlp, runners, traces as tk
 from tests.kit.prometheus import Prometheus
 from tests.kit.server import data_url, histograms, metrics
@@ -211,6 +213,23 @@ def test_scripted_sequence_through_the_pair(pair):
     p_ranges, _ = tk.load(producer.trace_dir)
     assert tk.named(c_ranges, stages.EC_LOAD) and not tk.named(c_ranges, stages.VIT_FORWARD)
     assert len(tk.named(p_ranges, stages.EC_SAVE)) == 2 and tk.named(p_ranges, stages.VIT_FORWARD)
+
+
+def test_each_items_way_through_the_pair(pair):
+    """An image sent straight to the PD instance is computed there (its encoder's cost per
+    embedding measured); one the proxy routes is computed by the encoder instance and loaded by
+    the PD instance: counted ec_loaded, saving the PD instance's encoder time less the load's."""
+    producer, consumer = pair["producer"], pair["consumer"]
+    p_before, c_before = reading(producer.url), reading(consumer.url)
+    httpx.post(f"{consumer.url}/v1/chat/completions", json=body(consumer.model, 81, "Direct?"),
+               timeout=120).raise_for_status()
+    route(pair, body(consumer.model, 82, "Routed?"))
+    p = settled_ways(producer.url, p_before, 1)
+    c = settled_ways(consumer.url, c_before, 2)
+    assert ways(p) == ({"miss": 1}, {"computed": 1})
+    assert ways(c) == ({"miss": 2}, {"computed": 1, "ec_loaded": 1})
+    agree_with_the_counters(p), agree_with_the_counters(c)
+    assert saved(c)["ec_connector"] > 0 and saved(c)["encoder_cache"] == 0
 
 
 def test_one_trace_holds_what_the_encoder_instance_did_and_what_the_pd_instance_loaded(

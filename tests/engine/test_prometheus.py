@@ -31,7 +31,7 @@ DASHBOARD = os.path.join(ROOT, "dashboards", "mmscope.json")
 EMBEDS_PER_IMAGE = 16  # the tiny LLaVA's 32x32 image in 8x8 patches
 CAPACITY = 512  # vLLM sizes the encoder cache to the step's token budget, set below: 32 images
 LONG_TEXT = "Describe the picture in detail, " * 40  # over a full KV block after the image
-OURS = re.compile(r"^vllm:(encoder_cache_|mm_stage_|mm_media_)")
+OURS = re.compile(r"^vllm:(encoder_cache_|mm_stage_|mm_media_|mm_item|mm_work_saved_|mm_encoder_)")
 PROBE = "vllm:encoder_cache_queries_total"
 
 
@@ -171,7 +171,7 @@ def scraped(tiny_model, tmp_path_factory):
 
 def expected_any(title: str, ref: str, w: Window, ids: dict[str, str]) -> dict | None:
     for expected in (expected_counters(title, ref, w, ids), expected_stages(title, ref, w),
-                     expected_media(title, ref, w)):
+                     expected_media(title, ref, w), expected_layers(title, ref, w)):
         if expected is not None:
             return expected
     return expected_ttft(title, ref, w)
@@ -353,6 +353,49 @@ def expected_media(title: str, ref: str, w: Window) -> dict | None:
     return None
 
 
+def labelled_totals(page: str, name: str, label: str) -> dict[str, float]:
+    """A counter's samples on a /metrics page, summed by one label."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for s in family.samples:
+            if s.name == name:
+                out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
+    return out
+
+
+def expected_layers(title: str, ref: str, w: Window) -> dict | None:
+    """The cache layers' row: each item once by where its embeddings came from and by what the
+    processor cache did (the workload's truth), what each layer saved and the encoder's cost per
+    embedding (the server's own counters over the window), the items' sizes (its histograms)."""
+    t, per_s = w.truth, 1 / w.seconds
+    if title == "Items / s, by where their embeddings came from":
+        connector = t.by_source["connector"]
+        return {(("encoder", way),): n * per_s for way, n in (
+            ("computed", t.misses), ("cache_hit", t.hits - connector),
+            ("prefix_covered", t.prefix_covered), ("ec_loaded", connector))}
+    if title == "Items / s, by processor cache":
+        return {(("processor", way),): n * per_s for way, n in (
+            ("hit", t.mm_hits), ("miss", t.mm_queries - t.mm_hits), ("off", 0))}
+    if title == "Work saved by layer (s / s)":
+        name = "vllm:mm_work_saved_seconds_total"
+        before, after = (labelled_totals(page, name, "layer")
+                         for page in (w.page_before, w.page_after))
+        return {(("layer", layer),): (v - before.get(layer, 0.0)) * per_s
+                for layer, v in after.items()}
+    if title == "Embeddings per item, p50 / p90":
+        q = {"A": 0.5, "B": 0.9}[ref]
+        delta = ttft_delta(w, "vllm:mm_item_embeddings", lambda labels: labels["modality"])
+        return {(("modality", m),): quantile(q, h["buckets"]) for m, h in delta.items()}
+    if title == "Bytes per item, by source (mean)":
+        delta = ttft_delta(w, "vllm:mm_item_bytes", lambda labels: labels["source"])
+        return {(("source", s),): h["sum"] / h["count"] for s, h in delta.items() if h["count"]}
+    if title == "Encoder seconds per embedding":
+        found = labelled_totals(w.page_after, "vllm:mm_encoder_seconds_per_embedding",
+                                "modality")
+        return {(("modality", m),): v for m, v in found.items()}
+    return None
+
+
 def ttft_delta(w: Window, name: str, by) -> dict:
     return histogram_delta(stage_histograms(w.page_before, name, by),
                            stage_histograms(w.page_after, name, by))
@@ -415,9 +458,10 @@ def test_capacity_is_set_before_the_first_image(scraped):
 
 
 def expected_from_start(title: str, ref: str, w: Window, ids: dict[str, str]) -> dict | None:
-    """Counters, gauges, the TTFT histograms and the media row: every series of theirs exists
-    from the start."""
-    for expected in (expected_counters(title, ref, w, ids), expected_media(title, ref, w)):
+    """Counters, gauges, the TTFT histograms, the media and cache-layer rows: every series of
+    theirs exists from the start (the encoder's cost per embedding once it has run)."""
+    for expected in (expected_counters(title, ref, w, ids), expected_media(title, ref, w),
+                     expected_layers(title, ref, w)):
         if expected is not None:
             return expected
     return expected_ttft(title, ref, w)
@@ -445,6 +489,14 @@ def test_every_panel_equals_the_truth_past_the_capacity(scraped):
     wrong = evaluate(scraped.prom, load_dashboard(), c, expected_any)
     assert not wrong, "\n".join(wrong)
     assert all(v is not None for v in c.values.values()), c.values
+
+
+def test_each_layer_that_served_an_item_saved_work(scraped):
+    """Window A: the processor cache, the encoder cache and the prefix cache served items; no
+    EC connector here."""
+    saved = {k[0][1]: v for k, v in scraped.a.values[("Work saved by layer (s / s)", "A")].items()}
+    assert saved["processor_cache"] > 0 and saved["encoder_cache"] > 0
+    assert saved["prefix_cache"] > 0 and saved["ec_connector"] == 0
 
 
 def test_ttft_counts_each_request_of_a_window_as_a_hit_or_a_miss(scraped):

@@ -25,7 +25,7 @@ def main():
     print("RESULT " + json.dumps({
         "encoder_items": work.items,
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
-        **{k: v for k, v in c.items() if k.startswith(("encoder_cache", "ec_connector"))}}))
+        **{k: v for k, v in c.items() if k.startswith(("encoder_cache", "ec_connector", "mm_items", "mm_cache"))}}))
 
 
 if __name__ == "__main__":
