@@ -158,25 +158,19 @@ class EncoderCacheProm:
         self._stage_observers: dict[tuple[int, str], object] = {}
         self._transfers: dict[tuple[int, str], object] = {}
         self._media_incs: dict[tuple[int, str], object] = {}
-        counters = _counters(classes.counter, COUNTERS)
-        self._labeled = {k: classes.counter(name=n, documentation=d,
-                                            labelnames=ENGINE_LABELS + [extra])
+        counters = {k: _metric(classes.counter, n, d) for k, (n, d) in COUNTERS.items()}
+        self._labeled = {k: _metric(classes.counter, n, d, [extra])
                          for k, (n, extra, d) in LABELED.items()}
-        gauges = {k: classes.gauge(name=n, documentation=d, labelnames=ENGINE_LABELS,
-                                   multiprocess_mode="mostrecent")
+        gauges = {k: _metric(classes.gauge, n, d, multiprocess_mode="mostrecent")
                   for k, (n, d) in GAUGES.items() if bytes_per_embed or k not in BYTES_OF.values()}
-        self.stage_seconds = classes.histogram(
-            name=STAGE_HISTOGRAM[0], documentation=STAGE_HISTOGRAM[1],
-            labelnames=ENGINE_LABELS + ["stage"], buckets=STAGE_BUCKETS)
-        self._transfer_metrics = (_counters(classes.counter, TRANSFER_COUNTERS, ["direction"])
-                                  if ec_connector else {})
-        self._media = {kind: classes.counter(name=n, documentation=d,
-                                             labelnames=ENGINE_LABELS + list(extra))
-                       for kind, (n, extra, d) in MEDIA.items()} if modalities else {}
-        self.hook_off_gauge = classes.gauge(
-            name=HOOK_OFF[0], documentation=HOOK_OFF[1],
-            labelnames=ENGINE_LABELS + ["hook", "feature", "process"],
-            multiprocess_mode="mostrecent")
+        self.stage_seconds = _metric(classes.histogram, *STAGE_HISTOGRAM, ["stage"],
+                                     buckets=STAGE_BUCKETS)
+        self._transfer_metrics = {k: _metric(classes.counter, n, d, ["direction"])
+                                  for k, (n, d) in TRANSFER_COUNTERS.items()} if ec_connector else {}
+        self._media = {k: _metric(classes.counter, n, d, extra)
+                       for k, (n, extra, d) in MEDIA.items()} if modalities else {}
+        self.hook_off_gauge = _metric(classes.gauge, *HOOK_OFF, ["hook", "feature", "process"],
+                                      multiprocess_mode="mostrecent")
         self._counts = [*counters.values(), *self._labeled.values(), *gauges.values()]
         for idx, values in per_engine_labelvalues.items():
             for key, metric in counters.items():
@@ -310,9 +304,10 @@ class EncoderCacheProm:
         return []
 
 
-def _counters(counter_cls, family: dict, extra: list[str] = ()) -> dict:
-    return {k: counter_cls(name=n, documentation=d, labelnames=ENGINE_LABELS + list(extra))
-            for k, (n, d) in family.items()}
+def _metric(cls, name: str, documentation: str, extra=(), **options):
+    """One series family beside vLLM's, labelled by model and engine (and `extra`)."""
+    return cls(name=name, documentation=documentation, labelnames=ENGINE_LABELS + list(extra),
+               **options)
 
 
 def _exposed(wire_key: str, n: int) -> float:
