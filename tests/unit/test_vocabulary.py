@@ -7,7 +7,7 @@ import pathlib
 
 import mmscope
 from mmscope.expose import metrics, ttft_histograms
-from mmscope.vocabulary import HIT_SOURCES, Feature, Outcome
+from mmscope.vocabulary import HIT_SOURCES, EncoderWay, Feature, Layer, Outcome
 
 ROOT = pathlib.Path(mmscope.__file__).parent
 # Where a feature's name means the feature: elsewhere "ranges" or "metrics" are other words.
@@ -32,7 +32,8 @@ def series_names() -> set[str]:
                 metrics.MEDIA)
     return {v[0] for family in families for v in family.values()} | {
         metrics.STAGE_HISTOGRAM[0], metrics.HOOK_OFF[0], ttft_histograms.PART_HISTOGRAM[0],
-        ttft_histograms.TTFT_HISTOGRAM[0]}
+        ttft_histograms.TTFT_HISTOGRAM[0], metrics.ITEMS[0], metrics.WORK_SAVED[0],
+        metrics.ITEM_EMBEDDINGS[0], metrics.ITEM_BYTES[0], metrics.ENCODER_SECONDS_PER_EMBEDDING[0]}
 
 
 def test_outcomes_and_hit_sources_are_spelled_in_the_vocabulary_only():
@@ -54,3 +55,11 @@ def test_series_names_are_spelled_where_they_are_defined_only():
     assert not elsewhere, elsewhere
     defined = [v for v, w in constants(("expose",)) if v in names]
     assert sorted(defined) == sorted(names), "a series name spelled twice in expose/"
+
+
+def test_the_words_of_an_items_way_that_mean_nothing_else_are_spelled_in_the_vocabulary_only():
+    """(`hit`, `off`, `computed`, `prefix_covered`, `encoder_cache` name other things too: the
+    TTFT split's outcome, a switch, a wire key.)"""
+    words = {EncoderWay.CACHE_HIT, EncoderWay.EC_LOADED, Layer.PROCESSOR_CACHE, Layer.EC_CONNECTOR}
+    elsewhere = [(v, w) for v, w in constants() if v in words and w.split(":")[0] != "vocabulary.py"]
+    assert not elsewhere, elsewhere

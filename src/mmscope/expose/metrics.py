@@ -105,15 +105,16 @@ MEDIA = {
 }
 # Each item's way through the cache layers and what each layer saved (carry/item_ways.py; the
 # seconds travel in ns), and each item's size.
-ITEMS = ("vllm:mm_items", ("modality", "processor", "encoder"),
+ITEMS = ("vllm:mm_items",
          "Multimodal items, each counted once at its final outcome by the way it went: processor "
          "(vLLM's processor cache, --mm-processor-cache-gb: hit, miss, off) and encoder (where its "
-         "embeddings came from: cache_hit, prefix_covered, ec_loaded, computed).")
-WORK_SAVED = ("vllm:mm_work_saved_seconds", ("layer",),
+         "embeddings came from: cache_hit, prefix_covered, ec_loaded, computed).",
+         ("modality", "processor", "encoder"))
+WORK_SAVED = ("vllm:mm_work_saved_seconds",
               "Work the cache layers saved, in seconds of the stage each skipped as measured on "
               "this server (layer processor_cache: the HF processor's mean time per item; "
               "encoder_cache, prefix_cache: the encoder's mean time per embedding times the "
-              "item's embeddings; ec_connector: that less the EC load's).")
+              "item's embeddings; ec_connector: that less the EC load's).", ("layer",))
 ITEM_EMBEDDINGS = ("vllm:mm_item_embeddings",
                    "Embeddings (encoder-output rows) per multimodal item, at its final outcome.")
 EMBEDDINGS_BUCKETS = (1, 4, 16, 64, 256, 576, 1024, 2304, 4096, 9216, 16384, 65536)
@@ -181,40 +182,28 @@ class EncoderCacheProm:
         self._stage_observers: dict[tuple[int, str], object] = {}
         self._transfers: dict[tuple[int, str], object] = {}
         self._media_incs: dict[tuple[int, str], object] = {}
-        counters = _counters(classes.counter, COUNTERS)
-        self._labeled = {k: classes.counter(name=n, documentation=d,
-                                            labelnames=ENGINE_LABELS + [extra])
+        counters = {k: _metric(classes.counter, n, d) for k, (n, d) in COUNTERS.items()}
+        self._labeled = {k: _metric(classes.counter, n, d, [extra])
                          for k, (n, extra, d) in LABELED.items()}
-        gauges = {k: classes.gauge(name=n, documentation=d, labelnames=ENGINE_LABELS,
-                                   multiprocess_mode="mostrecent")
+        gauges = {k: _metric(classes.gauge, n, d, multiprocess_mode="mostrecent")
                   for k, (n, d) in GAUGES.items() if bytes_per_embed or k not in BYTES_OF.values()}
-        self.stage_seconds = classes.histogram(
-            name=STAGE_HISTOGRAM[0], documentation=STAGE_HISTOGRAM[1],
-            labelnames=ENGINE_LABELS + ["stage"], buckets=STAGE_BUCKETS)
-        self._transfer_metrics = (_counters(classes.counter, TRANSFER_COUNTERS, ["direction"])
-                                  if ec_connector else {})
-        self._media = {kind: classes.counter(name=n, documentation=d,
-                                             labelnames=ENGINE_LABELS + list(extra))
-                       for kind, (n, extra, d) in MEDIA.items()} if modalities else {}
-        self._items = classes.counter(name=ITEMS[0], documentation=ITEMS[2],
-                                      labelnames=ENGINE_LABELS + list(ITEMS[1]))
-        self._saved = classes.counter(name=WORK_SAVED[0], documentation=WORK_SAVED[2],
-                                      labelnames=ENGINE_LABELS + list(WORK_SAVED[1]))
-        self._embeddings = classes.histogram(
-            name=ITEM_EMBEDDINGS[0], documentation=ITEM_EMBEDDINGS[1],
-            labelnames=ENGINE_LABELS + ["modality"], buckets=EMBEDDINGS_BUCKETS)
-        self._per_embedding = classes.gauge(
-            name=ENCODER_SECONDS_PER_EMBEDDING[0], documentation=ENCODER_SECONDS_PER_EMBEDDING[1],
-            labelnames=ENGINE_LABELS + ["modality"], multiprocess_mode="mostrecent")
-        self._item_bytes = classes.histogram(
-            name=ITEM_BYTES[0], documentation=ITEM_BYTES[1],
-            labelnames=ENGINE_LABELS + ["source", "modality"],
-            buckets=BYTES_BUCKETS) if modalities else None
+        self.stage_seconds = _metric(classes.histogram, *STAGE_HISTOGRAM, ["stage"],
+                                     buckets=STAGE_BUCKETS)
+        self._transfer_metrics = {k: _metric(classes.counter, n, d, ["direction"])
+                                  for k, (n, d) in TRANSFER_COUNTERS.items()} if ec_connector else {}
+        self._media = {k: _metric(classes.counter, n, d, extra)
+                       for k, (n, extra, d) in MEDIA.items()} if modalities else {}
+        self._items = _metric(classes.counter, *ITEMS)
+        self._saved = _metric(classes.counter, *WORK_SAVED)
+        self._embeddings = _metric(classes.histogram, *ITEM_EMBEDDINGS, ["modality"],
+                                   buckets=EMBEDDINGS_BUCKETS)
+        self._per_embedding = _metric(classes.gauge, *ENCODER_SECONDS_PER_EMBEDDING, ["modality"],
+                                      multiprocess_mode="mostrecent")
+        self._item_bytes = _metric(classes.histogram, *ITEM_BYTES, ["source", "modality"],
+                                   buckets=BYTES_BUCKETS) if modalities else None
         self._way_updates: dict[tuple[int, str], object] = {}
-        self.hook_off_gauge = classes.gauge(
-            name=HOOK_OFF[0], documentation=HOOK_OFF[1],
-            labelnames=ENGINE_LABELS + ["hook", "feature", "process"],
-            multiprocess_mode="mostrecent")
+        self.hook_off_gauge = _metric(classes.gauge, *HOOK_OFF, ["hook", "feature", "process"],
+                                      multiprocess_mode="mostrecent")
         self._counts = [*counters.values(), *self._labeled.values(), *gauges.values(),
                         self._items, self._saved, self._embeddings, self._per_embedding]
         for idx, values in per_engine_labelvalues.items():
@@ -389,9 +378,10 @@ class EncoderCacheProm:
         return []
 
 
-def _counters(counter_cls, family: dict, extra: list[str] = ()) -> dict:
-    return {k: counter_cls(name=n, documentation=d, labelnames=ENGINE_LABELS + list(extra))
-            for k, (n, d) in family.items()}
+def _metric(cls, name: str, documentation: str, extra=(), **options):
+    """One series family beside vLLM's, labelled by model and engine (and `extra`)."""
+    return cls(name=name, documentation=documentation, labelnames=ENGINE_LABELS + list(extra),
+               **options)
 
 
 def _exposed(wire_key: str, n: int) -> float:
