@@ -401,6 +401,8 @@ def test_a_hook_turned_off_in_an_engine_is_said_and_its_counts_withdrawn(
     assert {k: v for k, v in off.items() if v} == {("0", "scheduler.commit"): 1.0}
     engines = {engine for (_, engine, _) in samples()}
     assert engines == {"1"}  # engine 0's encoder-cache series are withdrawn
+    for ways in ("vllm:mm_items", "vllm:mm_work_saved", "vllm:mm_item_embeddings"):
+        assert {engine for (_, engine, _) in samples(ways)} == {"1"}  # and each item's way
     assert samples()[("vllm:encoder_cache_hits_total", "1", None)] == 1
     assert stats_line(mgr, "Engine 000").endswith(
         ", Encoder cache figures: off (mmscope hook scheduler.commit turned itself off after "

@@ -139,8 +139,10 @@ HOOK_OFF = (
     "1 while the mmscope hook named (label hook; feature, process: what it observes and where) "
     "has turned itself off after an error of its own, 0 otherwise. The figures it fed are "
     "withdrawn from /metrics on that engine (feature accounting: every vllm:encoder_cache_* "
-    "series; ranges: vllm:mm_stage_duration_seconds, vllm:ec_connector_transfer_* and "
-    "vllm:mm_media_*; "
+    "series and each item's way: vllm:mm_items, vllm:mm_work_saved_seconds, "
+    "vllm:mm_item_embeddings, vllm:mm_encoder_seconds_per_embedding; ranges: "
+    "vllm:mm_stage_duration_seconds, vllm:ec_connector_transfer_*, vllm:mm_media_* and "
+    "vllm:mm_item_bytes; "
     "ttft_parts: the TTFT split), never left to read as zeros.")
 
 ENGINE_LABELS = ["model_name", "engine"]
