@@ -42,6 +42,15 @@ def test_demo_end_to_end(tmp_path):
     # The scripted workload: 18 image items, 9 distinct contents computed once each.
     assert (c["encoder_cache_queries"], c["encoder_cache_hits"], c["encoder_cache_misses"]) == (18, 9, 9)
     assert c["encoder_cache_hits_by_source{source=in_step}"] == 2
+    # Each item once by its way: the processor cache held the 9 repeats too (the second copy of
+    # an image in one request as well: vLLM counts it a hit), and both layers saved time.
+    ways = summary["layers"]
+    assert ways["encoder"] == {"cache_hit": 9, "prefix_covered": 0, "ec_loaded": 0, "computed": 9}
+    assert ways["processor"] == {"hit": 9, "miss": 9, "off": 0}
+    assert (ways["processor"]["hit"], ways["processor"]["hit"] + ways["processor"]["miss"]) == (
+        c["mm_cache_hits"], c["mm_cache_queries"])
+    assert ways["saved_s"]["processor_cache"] > 0 and ways["saved_s"]["encoder_cache"] > 0
+    assert "where items were served from" in text
     # 14 of the 17 requests carry images: each has its first token split, hits and misses apart
     split = summary["ttft_parts"]
     assert split["hit"]["requests"] + split["miss"]["requests"] == 14

@@ -178,3 +178,35 @@ def test_every_items_series_key_exists_for_each_modality():
     assert len(keys) == 2 * len(ProcessorWay) * len(EncoderWay) == 24
     assert counts.key(item_ways.ITEMS, "audio", "off", "ec_loaded") in keys
     assert len(item_ways.saved_keys()) == len(Layer)
+
+
+def test_the_layers_read_back_from_a_metrics_page_and_said_in_two_lines():
+    from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram
+    from prometheus_client import generate_latest
+    import functools
+
+    from mmscope.expose import layers, readout
+    from mmscope.expose.metrics import EncoderCacheProm, MetricClasses
+
+    registry = CollectorRegistry()
+    classes = (functools.partial(cls, registry=registry) for cls in (PromCounter, Gauge, Histogram))
+    prom = EncoderCacheProm(MetricClasses(*classes), {0: ["tiny", "0"]}, ["image"])
+    page = readout.from_prometheus_text(generate_latest(registry).decode())
+    assert layers.read(page)["items"] == 0  # the series exist from the start
+    assert layers.read({"encoder_cache_queries": 3.0}) is None  # a page without them
+    waiting = ProcessorWays()
+    waiting.looked_up([("A", False), ("A", True), ("B", True)])
+    costs = EngineCostTotals()
+    costs.add({"encoder_ns:image": 16_000_000, "encoder_embeds:image": E})
+    sent = [("A", "image", EncoderWay.COMPUTED, E), ("A", "image", EncoderWay.CACHE_HIT, E),
+            ("B", "image", EncoderWay.PREFIX_COVERED, E)]
+    prom.observe_ways(join(sent, waiting, ProcessorCosts(), costs), costs, 0)
+    ways = layers.read(readout.from_prometheus_text(generate_latest(registry).decode()))
+    assert ways["items"] == 3
+    assert ways["encoder"] == {"cache_hit": 1, "prefix_covered": 1, "ec_loaded": 0, "computed": 1}
+    assert ways["processor"] == {"hit": 2, "miss": 1, "off": 0}
+    assert ways["saved_s"]["encoder_cache"] == ways["saved_s"]["prefix_cache"] == 0.016
+    assert layers.lines(ways) == [
+        "items served from: encoder cache 1, prefix cache 1, encoder 1 (3 items; processor cache "
+        "hit 2, miss 1)",
+        "work saved: 0.032 s (prefix cache 0.016 s, encoder cache 0.016 s)"]

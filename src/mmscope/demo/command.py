@@ -161,6 +161,7 @@ def _report(out: str, profile: str, analysis, elapsed: float) -> None:
     counted = " and ".join(f"{n} {PLURALS[m]}" for m, n in items.items())
     console.print(f"encoder cache hit rate: [bold]{rate:.1f}%[/bold] over {counted} "
                   f"in {summary['requests']} requests")
+    _layers_table(console, summary.get("layers"))
     _ttft_table(console, summary.get("ttft_parts") or {})
     s = summary["steps"]
     console.print(f"step_tokens: {s['steps']} steps, {s['prefill_tokens']} prefill and "
@@ -180,6 +181,22 @@ def _report(out: str, profile: str, analysis, elapsed: float) -> None:
     console.print(f"done in {elapsed:.0f} s. Next: mmscope analyze {_short(profile)} --metrics "
                   f"{_short(os.path.join(out, METRICS_PAGE))}; "
                   "open the trace in https://ui.perfetto.dev", highlight=False)
+
+
+def _layers_table(console, ways: dict | None) -> None:
+    """Each item once, by the cache layer that served it, and the seconds each layer saved."""
+    from rich.table import Table
+
+    from mmscope.expose import layers
+
+    if not ways:
+        return
+    console.rule("[bold]where items were served from (vllm:mm_items_total, "
+                 "vllm:mm_work_saved_seconds_total)")
+    table = Table("layer", "items", "work saved (s)")
+    for name, items, saved in layers.rows(ways):
+        table.add_row(name, str(items), "" if saved is None else f"{saved:.4f}")
+    console.print(table)
 
 
 def _ttft_table(console, split: dict) -> None:
