@@ -84,10 +84,9 @@ def test_answers_wait_by_hash_oldest_first_and_unknown_items_are_off():
     waiting = ProcessorWays()
     waiting.looked_up([("A", False), ("B", False)])
     waiting.looked_up([("A", True)])
-    assert [waiting.take("A"), waiting.take("A"), waiting.take("A")] == [
-        ProcessorWay.MISS, ProcessorWay.HIT, ProcessorWay.OFF]
-    assert waiting.take("B") is ProcessorWay.MISS and waiting.waiting == 0
-    assert waiting.take("never looked up") is ProcessorWay.OFF
+    assert waiting.take(["A", "A", "A"]) == [ProcessorWay.MISS, ProcessorWay.HIT, ProcessorWay.OFF]
+    assert waiting.take(["B"]) == [ProcessorWay.MISS] and waiting.waiting == 0
+    assert waiting.take(["never looked up"]) == [ProcessorWay.OFF]
 
 
 def test_answers_never_joined_are_dropped_oldest_hash_first():
@@ -95,8 +94,7 @@ def test_answers_never_joined_are_dropped_oldest_hash_first():
     waiting.looked_up([("A", False), ("A", True), ("B", False)])
     waiting.looked_up([("C", False)])  # over the bound: A's answers go
     assert waiting.waiting == 2
-    assert waiting.take("A") is ProcessorWay.OFF
-    assert (waiting.take("B"), waiting.take("C")) == (ProcessorWay.MISS, ProcessorWay.MISS)
+    assert waiting.take(["A", "B", "C"]) == [ProcessorWay.OFF, ProcessorWay.MISS, ProcessorWay.MISS]
 
 
 def chats(processor_cache: bool):

@@ -8,7 +8,7 @@ Independent of vLLM: EngineCore feeds `EngineWays` and `EncoderCosts`, the API s
 from __future__ import annotations
 
 import threading
-from collections import Counter, OrderedDict, deque
+from collections import Counter
 from typing import Callable, Iterable, NamedTuple
 
 from mmscope.carry import counts
@@ -122,35 +122,39 @@ class ProcessorWays:
     def __init__(self, bound: int = MAX_WAITING):
         self.bound = bound
         self.waiting = 0
-        self._by_hash: OrderedDict[str, deque] = OrderedDict()
+        self._by_hash: dict[str, list[ProcessorWay]] = {}  # hashes in order of first answer
         self._lock = threading.Lock()
 
     def looked_up(self, answers: list[tuple[str, bool]]) -> None:
+        hit, miss = ProcessorWay.HIT, ProcessorWay.MISS
         with self._lock:
-            for mm_hash, hit in answers:
-                queue = self._by_hash.get(mm_hash)
+            by_hash = self._by_hash
+            for mm_hash, found in answers:
+                queue = by_hash.get(mm_hash)
                 if queue is None:
-                    queue = self._by_hash[mm_hash] = deque()
+                    by_hash[mm_hash] = [hit if found else miss]
                 else:
-                    self._by_hash.move_to_end(mm_hash)
-                queue.append(ProcessorWay.HIT if hit else ProcessorWay.MISS)
+                    queue.append(hit if found else miss)
             self.waiting += len(answers)
             while self.waiting > self.bound:
-                _, dropped = self._by_hash.popitem(last=False)
-                self.waiting -= len(dropped)
+                self.waiting -= len(by_hash.pop(next(iter(by_hash))))
 
-    def take(self, mm_hash: str) -> ProcessorWay:
-        """The answer for the oldest waiting item of that hash; OFF where none waits: the cache
-        is off, or vLLM did not look the item up."""
+    def take(self, hashes: Iterable[str]) -> list[ProcessorWay]:
+        """For each hash in turn, the answer for its oldest waiting item; OFF where none waits:
+        the cache is off, or vLLM did not look the item up."""
+        out = []
         with self._lock:
-            queue = self._by_hash.get(mm_hash)
-            if not queue:
-                return ProcessorWay.OFF
-            way = queue.popleft()
-            self.waiting -= 1
-            if not queue:
-                del self._by_hash[mm_hash]
-            return way
+            by_hash = self._by_hash
+            for mm_hash in hashes:
+                queue = by_hash.get(mm_hash)
+                if queue is None:
+                    out.append(ProcessorWay.OFF)
+                    continue
+                out.append(queue.pop(0))
+                if not queue:
+                    del by_hash[mm_hash]
+            self.waiting -= sum(1 for way in out if way is not ProcessorWay.OFF)
+        return out
 
 
 class ProcessorCosts:
@@ -213,25 +217,29 @@ class Joined(NamedTuple):
     sizes: list[tuple[str, int]]
 
 
-def join(ways: Iterable[tuple], processor: ProcessorWays, hf: ProcessorCosts,
+def join(ways: list[tuple], processor: ProcessorWays, hf: ProcessorCosts,
          engine: EngineCostTotals) -> Joined:
     """Each item EngineCore sent, with the processor's answer for its hash, and the work its
     layers saved: a processor-cache hit the HF processor's mean time per item of its modality, an
     encoder-cache hit or a prefix-covered item the encoder's time for its embeddings, an EC load
     that less the load's."""
-    found: Counter = Counter()
-    sizes = []
-    for mm_hash, modality, encoder, embeds in ways:
-        way = processor.take(mm_hash)
-        found[counts.key(ITEMS, modality, way.value, encoder)] += 1
-        sizes.append((modality, embeds))
-        if way is ProcessorWay.HIT:
-            found[counts.key(SAVED_NS, Layer.PROCESSOR_CACHE.value)] += round(
-                hf.ns_per_item(modality))
+    items: Counter = Counter()  # (modality, processor way, encoder way) -> items
+    embeds: Counter = Counter()  # (modality, encoder way) -> embeddings
+    answers = processor.take([way[0] for way in ways])
+    for (_, modality, encoder, n), answer in zip(ways, answers):
+        items[(modality, answer, encoder)] += 1
+        embeds[(modality, encoder)] += n
+    found = {counts.key(ITEMS, m, p.value, e): n for (m, p, e), n in items.items()}
+    saved: Counter = Counter()
+    for (modality, answer, _), n in items.items():
+        if answer is ProcessorWay.HIT:
+            saved[Layer.PROCESSOR_CACHE] += round(n * hf.ns_per_item(modality))
+    for (modality, encoder), n in embeds.items():
         layer = LAYER_OF.get(encoder)
         if layer is not None:
-            found[counts.key(SAVED_NS, layer.value)] += engine.saved_ns(encoder, modality, embeds)
-    return Joined(dict(found), sizes)
+            saved[layer] += engine.saved_ns(encoder, modality, n)
+    found.update({counts.key(SAVED_NS, layer.value): ns for layer, ns in saved.items()})
+    return Joined(found, [(way[1], way[3]) for way in ways])
 
 
 def item_keys(modalities: Iterable[str]) -> list[str]:
