@@ -209,6 +209,27 @@ def test_v2_encoder_batches_are_vit_forward_only_inside_a_steps_encoder_operatio
     assert traced_names(tmp_path) == [stages.VIT_FORWARD] * 2
 
 
+def test_the_encoder_graphs_eager_road_is_one_batch_not_two(tmp_path):
+    """A batch beyond the encoder's CUDA-graph budgets runs eagerly inside
+    EncoderCudaGraphManager.execute, through the model's embed_multimodal (vLLM 0.34's
+    Pixtral): one vit_forward range and sample, not one nested in another."""
+    from vllm.v1.worker.encoder_cudagraph import EncoderCudaGraphManager
+
+    encoder = bare_encoder_runner()
+    manager = object.__new__(EncoderCudaGraphManager)
+    manager.use_dp, manager.graph_hits, manager.graph_misses = False, 0, 0
+    manager.log_stats_interval = 100
+    manager.get_cumulative_stats = dict
+    manager._execute_local = lambda batch: encoder.model.embed_multimodal(**batch)
+    tracing.configure("chrome", str(tmp_path))
+    with applied("ranges.vit_forward.v2"), applied("ranges.vit_forward.v2.cudagraph"):
+        with encoder.timed_encoder_operation(["r1"]):
+            assert manager.execute({"items": [1, 2]}) == ["embedding of 1", "embedding of 2"]
+            assert encoder.model.embed_multimodal(items=[3]) == ["embedding of 3"]
+    assert counts(WORKER) == {stages.VIT_FORWARD: 2}
+    assert traced_names(tmp_path) == [stages.VIT_FORWARD] * 2
+
+
 @pytest.mark.parametrize("hook_name, drafter_call", [
     ("ranges.gather_mm_embeddings", {"shift_computed_tokens": 1}),
     ("ranges.gather_mm_embeddings.v2", {"draft_lookahead": 1})])

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from mmscope import stages
-from mmscope.emit import tracing
+from mmscope.emit import device_events, tracing
 from mmscope.emit.stage_timer import ENABLED, WORKER, timed_stage
 from mmscope.vllm import ec_connector, runners
 from mmscope.vllm.patching import wrap_instance
@@ -73,12 +73,21 @@ def encoder_step(hook, wrapped, encoder_runner, args, kwargs):
     return _EncoderStep(wrapped(*args, **kwargs))
 
 
-def _not_a_step() -> bool:
-    return not _encoding
+_batch = timed(stages.VIT_FORWARD)
 
 
-# One call per encoder batch: the model's embed_multimodal, or the encoder's CUDA graph.
-encoder_batch = timed(stages.VIT_FORWARD, skip=_not_a_step)
+def encoder_batch(hook, wrapped, instance, args, kwargs):
+    """One encoder batch of a step: the model's embed_multimodal, or the encoder's CUDA graph
+    (EncoderCudaGraphManager.execute), whose eager road for a batch beyond its budgets calls
+    embed_multimodal in turn (vLLM 0.34's Pixtral): that inner call is no second batch."""
+    global _encoding
+    if not _encoding:
+        return wrapped(*args, **kwargs)
+    _encoding = False
+    try:
+        return _batch(hook, wrapped, instance, args, kwargs)
+    finally:
+        _encoding = True
 
 
 # --- gather, embed, prepare ---------------------------------------------------------------------
@@ -138,9 +147,7 @@ def _time_on_device(device) -> None:
     """On an accelerator, a stage's work runs after its call returns: sample it from events."""
     if device is None or getattr(device, "type", "cpu") == "cpu":
         return
-    import torch
-
-    WORKER.use_device_events(lambda: torch.Event(device=device, enable_timing=True))
+    WORKER.use_device_events(device_events.clock(device))
 
 
 def connector_created(hook, wrapped, cls, args, kwargs, role):
