@@ -303,9 +303,11 @@ class Preprocessing(Runner):
         return None, num_tokens
 
 
-def test_preparing_the_inputs_gives_a_sample_only_in_a_step_that_gathered_embeddings():
+def test_preparing_the_inputs_gives_a_sample_only_in_a_step_that_gathered_embeddings(tmp_path):
     """vLLM's _preprocess gathers, then prepares the inputs, every step: a decode step's prepare
-    is no multimodal work, so only a step whose gather found embeddings gives its sample."""
+    is no multimodal work, so only a step whose gather found embeddings gives its sample. V1's
+    dummy runs (warm-up, profiling, graph capture) prepare inputs with no gather: no step, no
+    range."""
     hooks = [Hook("test.gather", f"{__name__}:Preprocessing._gather_mm_embeddings",
                   ("shift_computed_tokens",), worker_stages.gather_mm_embeddings, "ranges",
                   "worker"),
@@ -313,16 +315,20 @@ def test_preparing_the_inputs_gives_a_sample_only_in_a_step_that_gathered_embedd
                   worker_stages.prepare_mm_inputs, "ranges", "worker")]
     for hook in hooks:
         hook.apply()
+    worker_stages._step_gathered = None  # as in a new worker (other tests gathered)
+    tracing.configure("chrome", str(tmp_path))
     try:
         runner = Preprocessing()
+        assert runner._prepare_mm_inputs(7) == (None, 7)  # a dummy run at start-up
         for step_embeddings in (2, 0, 0, 1, 0):  # a prefill with an image, decodes, another
             runner._gather_mm_embeddings(step_embeddings)
             assert runner._prepare_mm_inputs(7) == (None, 7)
-        runner._prepare_mm_inputs(7)  # a path with no gather before it
+        runner._prepare_mm_inputs(7)  # another dummy run
     finally:
         for hook in hooks:
             hook.revert()
     assert counts(WORKER) == {stages.GATHER_MM_EMBEDDINGS: 2, stages.PREPARE_MM_INPUTS: 2}
+    assert traced_names(tmp_path) == [stages.GATHER_MM_EMBEDDINGS, stages.PREPARE_MM_INPUTS] * 5
 
 
 def test_the_table_times_vllms_gather_and_prepare_methods():

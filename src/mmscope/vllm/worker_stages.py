@@ -92,8 +92,10 @@ def encoder_batch(hook, wrapped, instance, args, kwargs):
 
 # --- gather, embed, prepare ---------------------------------------------------------------------
 # Whether this step's gather found multimodal embeddings: V1's _preprocess gathers before it
-# prepares the inputs, on the same thread, so the prepare stage reads (and clears) it.
-_step_gathered = False
+# prepares the inputs, on the same thread, so the prepare stage reads (and clears) it. None: no
+# gather since the last prepare, as in V1's dummy runs (warm-up, profiling, graph capture), which
+# prepare inputs outside any step.
+_step_gathered: bool | None = None
 
 
 def _gathered(result, *lookahead) -> bool:
@@ -108,8 +110,13 @@ def _merged(result, multimodal_embeddings) -> bool:
 
 def _prepared(result) -> bool:
     global _step_gathered
-    gathered, _step_gathered = _step_gathered, False
+    gathered, _step_gathered = _step_gathered, None
     return gathered
+
+
+def _dummy_run() -> bool:
+    """Inputs prepared with no gather before them: a dummy run, no step (no range, no sample)."""
+    return _step_gathered is None
 
 
 def _drafter(*lookahead) -> bool:
@@ -121,7 +128,7 @@ def _drafter(*lookahead) -> bool:
 # Every runner's gather; its row's param is V1's shift_computed_tokens, V2's draft_lookahead,
 # none for V2's standalone CPU runner, which has no drafter.
 gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS, _gathered, skip=_drafter)
-prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, _prepared)
+prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, _prepared, skip=_dummy_run)
 _embed_timed = timed(stages.EMBED_INPUT_IDS, _merged)
 
 
