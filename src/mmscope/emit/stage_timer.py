@@ -76,9 +76,11 @@ class DeviceEventClock:
         # Events complete in the order their stream ran them: the first incomplete one stops
         # the read (a stage on another stream waits at most one drain longer).
         queued = self.queued
-        if not queued or self.capturing():
+        if not queued:
             return
         with self.reading():
+            if self.capturing():
+                return
             while queued and queued[0][2].query():
                 stage, started, end = queued.popleft()
                 collector.record(stage, round(started.elapsed_time(end) * 1e6))
