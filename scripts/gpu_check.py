@@ -90,7 +90,7 @@ except Exception as e:
 def chain(a, b, length: int):
     x = a
     for _ in range(length):
-        x = (x @ b) * 0.01  # scaled: the values stay finite whatever the length
+        x = (x @ b) * SIZE ** -0.5  # scaled: the values stay near 1 whatever the length
     return x
 
 
@@ -180,8 +180,8 @@ def graph_capture(d: Device):
         torch.cuda.synchronize()
         (sample_ns,) = collector.drain()[STAGE]
         rows.append({"mmscope_us": sample_ns / 1e3, "events_us": start.elapsed_time(end) * 1e3})
-    same = bool(torch.allclose(out.float(), chain(d.a, d.b, GRAPH_CHAIN).float(), rtol=1e-2,
-                               atol=1e-2))
+    eager = chain(d.a, d.b, GRAPH_CHAIN).float()
+    same = bool((out.float() - eager).norm() <= 0.05 * eager.norm())  # bf16: within rounding
     d.graph = graph
     worst = max(gap(r["mmscope_us"], r["events_us"]) for r in rows)
     passed = not recorded_in_capture and not sampled_in_capture and same and worst <= WITHIN
@@ -290,13 +290,12 @@ def profiler_ranges(d: Device, out: str):
     prof.export_chrome_trace(path)
     spans = annotation_device_ns(load_events(path))
     found = {name: spans.get(name) for name in PROFILED}
-    passed = all(found.values()) and all(
-        gap(samples[n], found[n]) <= WITHIN for n in PROFILED)
+    gaps = [gap(samples[n], found[n]) for n in PROFILED if found[n]]
+    passed = len(gaps) == len(PROFILED) and max(gaps) <= WITHIN
     return passed, {"trace": TRACE, "stages": list(PROFILED), "gpu_user_annotation_ns": found,
                     "mmscope_ns": samples}, (
-        f"{sum(1 for v in found.values() if v)} of {len(PROFILED)} ranges have their "
-        f"gpu_user_annotation in {TRACE}; largest gap to mmscope's samples "
-        f"{max((gap(samples[n], found[n]) for n in PROFILED if found[n]), default=float('nan')):.2%}")
+        f"{len(gaps)} of {len(PROFILED)} ranges have their gpu_user_annotation in {TRACE}; "
+        f"largest gap to mmscope's samples {max(gaps, default=float('nan')):.2%}")
 
 
 def record_nvtx(d: Device, out: str):
@@ -397,7 +396,7 @@ def annotation_device_ns(events: list[dict]) -> dict[str, int]:
     return totals
 
 
-# --- afterwards, where the analyzer runs -----------------------------------------------------------
+# --- afterwards, where the analyzer runs ---------------------------------------------------------
 def mmscope_analyze(path: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "mmscope.cli", "analyze", "--json", "--no-cache",
                            path], capture_output=True, text=True, timeout=600)
@@ -496,8 +495,9 @@ def analyze(out: str) -> int:
         with open(os.path.join(out, RESULTS)) as f:
             facts = json.load(f)
     except (OSError, ValueError) as e:
-        print(f"gpu_check: {os.path.join(out, RESULTS)}: {e.strerror if isinstance(e, OSError) else e}"
-              " (write it with --out on the GPU machine)", file=sys.stderr)
+        why = e.strerror if isinstance(e, OSError) else e
+        print(f"gpu_check: {os.path.join(out, RESULTS)}: {why} (write it with --out on the GPU "
+              "machine)", file=sys.stderr)
         return 2
     every, results = run_checks([
         ("analyze_profiler_ranges", lambda: analyzed_profile(out, facts["profiler"])),

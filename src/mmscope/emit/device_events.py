@@ -52,7 +52,9 @@ def thread_local_capture():
 @functools.cache
 def _exchange_capture_mode():
     """The CUDA driver's call, from the driver library torch loaded (one per process)."""
-    return ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+    exchange = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+    exchange.argtypes, exchange.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int
+    return exchange
 
 
 def _check(result: int) -> None:
