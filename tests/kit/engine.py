@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from mmscope.demo.media import image  # noqa: F401 - distinct content per seed, for the tests
+from mmscope.demo.inputs import image  # noqa: F401 - distinct content per seed, for the tests
 from mmscope.expose import readout
 
 
@@ -76,14 +76,14 @@ class EncoderWork:
         self.cls.embed_multimodal = self._orig
 
 
-RESULTS_RUN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engine",
-                           "results_run.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def results_run(model: str, *args: str, env: dict | None = None) -> dict:
-    """tests/engine/results_run.py's fixed workload in a fresh process: what it printed."""
-    proc = subprocess.run([sys.executable, RESULTS_RUN, model, *args], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, **(env or {})))
+    """tests/kit/results_run.py's fixed workload in a fresh process: what it printed."""
+    proc = subprocess.run([sys.executable, "-m", "tests.kit.results_run", model, *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=dict(os.environ, **(env or {})))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])

@@ -14,7 +14,7 @@ from mmscope import stages
 from mmscope.emit import stage_timer
 from mmscope.emit.stage_timer import WORKER, DeviceEventClock, HostClock, StageCollector
 from mmscope.emit import tracing
-from mmscope.vllm import ec_connector, worker_stages
+from mmscope.vllm.worker import ec_connector, preprocess_stages as worker_stages
 from tests.kit import traces as tk
 
 
