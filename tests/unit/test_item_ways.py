@@ -60,11 +60,11 @@ def test_an_item_committed_again_after_preemption_is_sent_once():
     ledger = EncoderCacheLedger(probe=ways.committed)
     a = item("r1", 0, "A")
     step(ledger, [(a, Decision.COMPUTE)], computed=[a])
-    ledger.forget("r1")  # preempted: its entries freed
+    ways.preempted("r1", ledger.committed("r1")), ledger.forget("r1")  # its entries freed
     step(ledger, [(a, Decision.COMPUTE)], computed=[a])
     assert ledger.drain().queries == 2
     assert ways.drain() == [("A", "image", EncoderWay.COMPUTED, E)]
-    ledger.forget("r1"), ways.finished("r1")  # finished: what was kept of it goes
+    ways.finished("r1"), ledger.forget("r1")  # finished: what was kept of it goes
     step(ledger, [(item("r1", 0, "A"), Decision.LOCAL_HIT)])
     assert [w[2] for w in ways.drain()] == [EncoderWay.CACHE_HIT]
 
@@ -84,7 +84,7 @@ def test_answers_wait_by_hash_oldest_first_and_unknown_items_are_off():
     waiting = ProcessorWays()
     waiting.looked_up([("A", False), ("B", False)])
     waiting.looked_up([("A", True)])
-    assert waiting.take(["A", "A", "A"]) == [ProcessorWay.MISS, ProcessorWay.HIT, ProcessorWay.OFF]
+    assert waiting.take(["A", "A", "A"]) == ["miss", "hit", "off"]
     assert waiting.take(["B"]) == [ProcessorWay.MISS] and waiting.waiting == 0
     assert waiting.take(["never looked up"]) == [ProcessorWay.OFF]
 

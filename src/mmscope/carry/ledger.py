@@ -142,6 +142,10 @@ class EncoderCacheLedger:
         """A scheduled request reserved cache space for `key` (computed or loaded) in this step."""
         self._keys_allocated_this_step.add(key)
 
+    def committed(self, request_id: str) -> set[int]:
+        """The request's items committed since it was last freed."""
+        return self._committed.get(request_id) or set()
+
     def forget(self, request_id: str) -> None:
         """The request's encoder entries were freed (finished or preempted): a resumed request
         commits its items again."""

@@ -5,7 +5,6 @@ each item's way through the cache layers (docs/design.md §4b).
 from __future__ import annotations
 
 import threading
-from collections import Counter
 
 from mmscope.carry import item_ways
 from mmscope.vllm.api_server.processor import take_hf_processor_ns, warming_up
@@ -39,10 +38,9 @@ def cache_merged(hook, wrapped, processor, args, kwargs, cache, mm_hashes, mm_is
     try:
         WAYS.looked_up(item_ways.prompt_hits(mm_hashes, mm_is_cached, cache.is_cached_item))
         hf_ns = take_hf_processor_ns()
-        if hf_ns is not None:
-            ran = Counter({m: sum(not cached for cached in flags)
-                           for m, flags in mm_is_cached.items()})
-            HF_COSTS.processed(ran, hf_ns)
+        if hf_ns is not None:  # the items it ran for: those the lookup did not find
+            HF_COSTS.processed({m: flags.count(False) for m, flags in mm_is_cached.items()},
+                               hf_ns)
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on
         hook.failed(e)
     return result

@@ -37,9 +37,11 @@ def allocation_checked(hook, wrapped, manager, args, kwargs, request, input_id):
 def entries_freed(hook, wrapped, manager, args, kwargs, request):
     try:
         state = state_of(manager)
-        state.ledger.forget(request.request_id)
-        if request.is_finished():  # not preempted: its items will not be committed again
+        if request.is_finished():
             state.ways.finished(request.request_id)
+        else:  # preempted: it commits its items again when it resumes, their way sent once
+            state.ways.preempted(request.request_id, state.ledger.committed(request.request_id))
+        state.ledger.forget(request.request_id)
         if state.access_log is not None:
             state.access_log.freed(request.request_id)
     except Exception as e:  # noqa: BLE001
