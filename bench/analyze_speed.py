@@ -220,13 +220,13 @@ print(n, time.perf_counter() - t, hwm(), total)
 # columns aggregated inside DuckDB (every value read, no row handed to Python).
 DUCKDB_SCAN = HWM + f"""
 import sys, time
-from mmscope.analyze import sqlite_source
+from mmscope.analyze.readers import sqlite_source
 con = sqlite_source.connect(sys.argv[1], WORKERS)
 t = time.perf_counter()
 if sys.argv[2] == "count":
     n = con.execute("SELECT count(*) FROM db.NVTX_EVENTS").fetchone()[0]
 elif sys.argv[2] == "cupti":  # the analyzer's join of the CUPTI tables, every column counted
-    from mmscope.analyze import cupti
+    from mmscope.analyze.readers import cupti
     tables = {{r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}}
     ops = " UNION ALL ".join(cupti.OP.format(name=cupti.OPS[t], table=t)
                              for t in cupti.OPS if t in tables)
@@ -256,10 +256,12 @@ print(rc, time.perf_counter() - t, hwm(), resource.getrusage(resource.RUSAGE_CHI
 # own (memory settings, then imports).
 PHASES = HWM + """
 import json, os, resource, sys, time
-from mmscope.analyze import command
+from mmscope.analyze.commands import analyze as command
 command.prepare_process()
-from mmscope.analyze import (benefit, checks, cupti, device, frame, load, nsys, per_step,
-                             report, stats, steps, table as tbl)
+from mmscope.analyze.ranges import benefit, checks, device, frame, per_step, stats, steps, table as tbl
+from mmscope.analyze.readers import cupti, nsys
+from mmscope.analyze import load
+from mmscope.analyze.report.analysis import analysis as report
 out, t = {}, [time.perf_counter()]
 def lap(name):
     now = time.perf_counter()

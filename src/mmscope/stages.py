@@ -43,6 +43,9 @@ GATHER_MM_EMBEDDINGS = "gpu_model_runner: gather_mm_embeddings"
 EMBED_INPUT_IDS = "gpu_model_runner: embed_input_ids"
 PREPARE_MM_INPUTS = "gpu_model_runner: prepare_mm_inputs"
 STEP_META_PREFIX = "step_meta: "
+# Every step_meta range has its own name (it carries the step's shape): the analyzer's one stage
+# for them all.
+STEP_META_STAGE = STEP_META_PREFIX.rstrip(": ")
 
 # The disjoint children of `preprocess` (the seed's tree).
 PREPROCESS_SIBLINGS = (EC_LOAD, VIT_FORWARD, EC_SAVE, GATHER_MM_EMBEDDINGS, EMBED_INPUT_IDS,

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmscope.analyze import device, load
-from mmscope.analyze.report import analyze
+from mmscope.analyze.ranges import device
+from mmscope.analyze import load
+from mmscope.analyze.report.analysis import analyze
 from tests.kit import nsys as F
 
 TORCH = Path(__file__).parent.parent / "data" / "torch"
@@ -211,7 +212,7 @@ def test_terminal_and_csv_show_device_beside_host_time(projected, tmp_path):
 
     from rich.console import Console
 
-    from mmscope.analyze.report import print_terminal, write_csv
+    from mmscope.analyze.report.terminal import print_terminal, write_csv
 
     _, _, analysis = projected
     out = io.StringIO()

@@ -26,7 +26,7 @@ def from_metrics(url: str) -> dict:
     """The hooks turned off, by engine, as a server's /metrics page says."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from mmscope.analyze.scrape import fetch
+    from mmscope.analyze.readers.scrape import fetch
 
     page = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
     text = fetch(page)

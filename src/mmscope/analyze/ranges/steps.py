@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.table import RangeTable, asof, enclosing
+from mmscope.analyze.ranges.table import RangeTable, asof, enclosing
 
 SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
 

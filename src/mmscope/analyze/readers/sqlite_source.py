@@ -67,7 +67,7 @@ def extension_path() -> str:
 
 def connect(path: str, threads: int | None = None):
     """A DuckDB connection with `path` attached read-only as the catalog `db`."""
-    from mmscope.analyze import sql
+    from mmscope.analyze.ranges import sql
 
     # Rows come back in the scan's (rowid) order, which the reader's second query relies on.
     con = sql.connect(threads, preserve_insertion_order=True)

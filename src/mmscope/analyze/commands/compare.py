@@ -68,19 +68,19 @@ def _movers(rows: list[dict]) -> list[str]:
 def _stages(path: str, name_filter: str | None, workers: int | None, no_cache: bool):
     """The stage table of a profile: from the analysis cache where `mmscope analyze` left it,
     else computed (the stage table only; compare stores nothing)."""
-    from mmscope.analyze import cache
+    from mmscope.analyze.commands import cache
 
     doc = None if no_cache else cache.read(cache.key_for(path, name_filter))
     if doc is not None:
         return doc["stages"]
     from mmscope.analyze import load
-    from mmscope.analyze.stats import stage_stats
+    from mmscope.analyze.report.analysis import stage_stats
 
     return stage_stats(load(path, workers=workers), name_filter)
 
 
 def run(args) -> int:
-    from mmscope.analyze.command import check_regex, check_workers
+    from mmscope.analyze.commands.analyze import check_regex, check_workers
 
     check_regex(args.filter)
     check_workers(args.workers)
@@ -104,7 +104,8 @@ def _flag(row: dict) -> str:
 def print_terminal(result: dict) -> None:
     from rich.table import Table
 
-    from mmscope.analyze.report import fmt_ns, make_console
+    from mmscope.analyze.report.terminal import make_console
+    from mmscope.analyze.report.text import fmt_ns
 
     t = Table(title=f"{result['base']} -> {result['new']}", title_justify="left")
     for col in ("stage", "count", "mean base", "mean new", "Δ mean", "Δ %", "total new", ""):

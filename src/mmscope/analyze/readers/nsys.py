@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmscope.analyze import cupti, sql, sqlite_source
-from mmscope.analyze import table as tbl
+from mmscope.analyze.readers import cupti, sqlite_source
+from mmscope.analyze.ranges import sql
+from mmscope.analyze.ranges import table as tbl
 from mmscope.errors import UserError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

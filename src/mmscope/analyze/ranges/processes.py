@@ -7,7 +7,6 @@ A process title says engine or worker (vLLM's `VLLM::EngineCore`, `VLLM::Worker`
 from __future__ import annotations
 
 from mmscope import stages
-from mmscope.analyze.stats import STEP_META_STAGE
 
 API_SERVER, ENGINE, WORKER = "API server", "engine", "worker"
 ROLE_ORDER = (API_SERVER, ENGINE, WORKER)
@@ -31,7 +30,7 @@ def role_of(title: str | None, names: set[str]) -> str:
     multimodal processor's ranges mean API server only in a process no title names (engine
     and workers process a dummy input at start-up)."""
     found = {role for part, role in TITLES if title and part in title}
-    if any(n in WORKER_STAGES or n == STEP_META_STAGE for n in names):
+    if any(n in WORKER_STAGES or n == stages.STEP_META_STAGE for n in names):
         found.add(WORKER)
     titled = any(part in (title or "") for part, _ in TITLES)
     if not titled and any(n.startswith(API_PREFIXES) for n in names):

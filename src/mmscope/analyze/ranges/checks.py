@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.table import RangeTable, enclosing, group_index, packed_keys, packed_order
+from mmscope.analyze.ranges.table import (RangeTable, enclosing, group_index, packed_keys,
+                                          packed_order)
 
 SIBLINGS = stages.PREPROCESS_SIBLINGS
 
@@ -113,7 +114,7 @@ def step_meta_joined(frame, pairs) -> dict:
     """Every step_meta is the nearest preceding step_meta of some forward on its thread; the
     last step of a thread whose forward the trace does not hold (it ends inside that step) is
     no failure, and is counted apart."""
-    from mmscope.analyze.steps import cut_metas, step_meta_rows
+    from mmscope.analyze.ranges.steps import cut_metas, step_meta_rows
 
     table = frame.table
     name = f"every step_meta joins a '{stages.FORWARD}' on its thread"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmscope.analyze.table import RangeTable
+from mmscope.analyze.ranges.table import RangeTable
 
 
 @dataclass

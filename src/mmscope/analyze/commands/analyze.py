@@ -49,8 +49,8 @@ def check_regex(pattern: str | None) -> None:
 
 
 def run(args) -> int:
-    from mmscope.analyze import cache
-    from mmscope.analyze.report import Analysis
+    from mmscope.analyze.commands import cache
+    from mmscope.analyze.report.analysis import Analysis
 
     check_regex(args.filter)
     check_workers(args.workers)
@@ -59,7 +59,7 @@ def run(args) -> int:
             check_output_file(path, option)
     scraped = None
     if args.metrics:
-        from mmscope.analyze import scrape
+        from mmscope.analyze.readers import scrape
 
         scraped = scrape.read(args.metrics)
     # The key first: a warm run answers before numpy or polars are imported.
@@ -75,17 +75,17 @@ def run(args) -> int:
         json.dump(analysis.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")
     elif args.html:
-        from mmscope.analyze.report_html import write_html
+        from mmscope.analyze.report.html import write_html
 
         _write(args.html, lambda: write_html(analysis, args.html))
         print(f"wrote {args.html}", file=sys.stderr)
     elif args.csv:
-        from mmscope.analyze.report import write_csv
+        from mmscope.analyze.report.terminal import write_csv
 
         _write(args.csv, lambda: write_csv(analysis, args.csv))
         print(f"wrote {args.csv}", file=sys.stderr)
     else:
-        from mmscope.analyze.report import print_terminal
+        from mmscope.analyze.report.terminal import print_terminal
 
         print_terminal(analysis, flat=args.flat)
     return 0
@@ -95,7 +95,7 @@ def compute(path: str, name_filter: str | None, workers: int | None):
     """Load and analyze the profile in this process (the cache's miss road)."""
     prepare_process()
     from mmscope.analyze import load
-    from mmscope.analyze.report import analyze
+    from mmscope.analyze.report.analysis import analyze
 
     return analyze(path, load(path, workers=workers), name_filter, workers)
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze import device, processes, stats, steps, tree
-from mmscope.analyze.sql import Sql
-from mmscope.analyze.table import RangeTable
+from mmscope.analyze.ranges import device, processes, stats, steps, tree
+from mmscope.analyze.ranges.sql import Sql
+from mmscope.analyze.ranges.table import RangeTable
 
 
 @dataclass

@@ -11,8 +11,6 @@ import numpy as np
 
 from mmscope import stages
 
-# Every step_meta range has its own name (it carries the step's shape): one stage for them all.
-STEP_META_STAGE = stages.STEP_META_PREFIX.rstrip(": ")
 PERCENTILES = (50, 90, 99)
 FIGURES = ("count", "total_ns", "self_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "min_ns",
            "max_ns", "device_ns", "kernel_ns")
@@ -33,7 +31,7 @@ def stage_names(names: list[str]) -> tuple[list[str], np.ndarray]:
     index: dict[str, int] = {}
     prefix = stages.STEP_META_PREFIX
     # One list, then one array: a numpy item assignment per name costs more than the lookup.
-    codes = [index.setdefault(STEP_META_STAGE if name.startswith(prefix) else name, len(index))
+    codes = [index.setdefault(stages.STEP_META_STAGE if name.startswith(prefix) else name, len(index))
              for name in names]
     return list(index), np.array(codes, dtype=np.int32).reshape(len(names))
 
@@ -137,15 +135,3 @@ def _kept(frame, children: dict[int, list[int]], name_filter: str | None) -> set
                 keep.add(k)
                 k = int(nodes.parent[k])
     return keep
-
-
-def stage_stats(table, name_filter: str | None = None, workers: int | None = None) -> list[dict]:
-    """The flat per-stage table of a range table (what `mmscope compare` compares)."""
-    from mmscope.analyze import frame as frames
-
-    built = frames.build(table, workers)
-    try:
-        by_node, by_stage = aggregate(built.sql, built.table.device is not None)
-        return flat(built, by_node, by_stage, name_filter)
-    finally:
-        built.close()

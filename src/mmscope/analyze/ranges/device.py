@@ -96,7 +96,7 @@ def per_range(table) -> PerRange:
 
 def _groups(table) -> list[np.ndarray | None]:
     """The rows of each nesting group of ranges (domain and kind) in row order (None: all)."""
-    from mmscope.analyze.table import START_END
+    from mmscope.analyze.ranges.table import START_END
 
     sub = (table.domain_id.astype(np.int64) << 1) | (table.kind == START_END)
     values = np.unique(sub)
@@ -110,7 +110,7 @@ def _innermost(table, rows: np.ndarray | None, work: DeviceWork) -> np.ndarray:
     call's start: the last range started at or before it, or the first range up its parent
     chain that ends after it (-1: none). The ops of one call mostly lie together: the call is
     looked up once for each run of them."""
-    from mmscope.analyze.table import asof
+    from mmscope.analyze.ranges.table import asof
 
     head = np.ones(len(work), bool)
     head[1:] = (work.thread[1:] != work.thread[:-1]) | (work.call_start[1:] != work.call_start[:-1])
@@ -176,7 +176,7 @@ def kernels_by_stage(work: DeviceWork, owners: list[np.ndarray], nodes, node_of_
 def _add_kernels(sums: dict, work: DeviceWork, owner: np.ndarray, nodes,
                  node_of_row: np.ndarray) -> None:
     """(stage, name) -> [time, count] of one nesting group's ops, up their owners' paths."""
-    from mmscope.analyze.tree import _unique
+    from mmscope.analyze.ranges.tree import _unique
 
     has = owner >= 0
     if not has.any():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmscope.analyze import device, sql
+from mmscope.analyze.ranges import device, sql
 
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 MEMSET = -1000  # the name code of a memset; a memcpy's is -1 - its copy kind

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.steps import KINDS
+from mmscope.analyze.ranges.steps import KINDS
 
 # The kind whose comparison is the headline: the first with steps on both sides. Decode steps
 # schedule no prompt tokens, so the encoder runs in steps that prefill.

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmscope.analyze import table as tbl
-from mmscope.analyze import device
+from mmscope.analyze.ranges import table as tbl
+from mmscope.analyze.ranges import device
 from mmscope.errors import UserError
 from mmscope.emit.chrome import read_events
 

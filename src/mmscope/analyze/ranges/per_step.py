@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.steps import KINDS, SHAPE_FIELDS
-from mmscope.analyze.table import asof
+from mmscope.analyze.ranges.steps import KINDS, SHAPE_FIELDS
+from mmscope.analyze.ranges.table import asof
 
 MAX_STEPS = 2000
 TOP_PARTS = 4  # the ranges beside preprocess that take most time; the others are "other"

@@ -74,7 +74,7 @@ def read(key: dict | None) -> dict | None:
     if not isinstance(entry, dict) or entry.get("key") != key:
         return None
     doc = entry.get("analysis")
-    from mmscope.analyze.report import DOC_KEYS
+    from mmscope.analyze.report.analysis import DOC_KEYS
 
     if not isinstance(doc, dict) or not all(k in doc for k in DOC_KEYS):
         return None
