@@ -156,15 +156,3 @@ def test_a_commit_in_the_wal_is_seen_by_the_next_analysis(tmp_path, monkeypatch)
         assert listing(tmp_path)[path.name] == before[path.name]
     finally:
         writer.close()
-
-
-
-def test_no_duckdb_connection_draws_a_progress_bar(tmp_path):
-    # DuckDB draws it on stdout (the --json answer) for long queries when Python looks interactive,
-    # as under `python -c` (a __main__ without __file__).
-    path = F.pipeline_file(tmp_path / "p.sqlite")
-    code = ("from mmscope.analyze.readers import sqlite_source\nfrom mmscope.analyze.ranges import sql\n"
-            f"for c in (sqlite_source.connect({str(path)!r}), sql.Sql().con):\n"
-            "    print(c.execute(\"SELECT current_setting('enable_progress_bar')\").fetchone()[0])")
-    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert shown.stdout.split() == ["False", "False"]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tests.kit import nsys as F
 from mmscope import stages
-from mmscope.analyze.ranges import benefit, frame, stats, steps
+from mmscope.analyze.ranges import benefit, figures, frame, stats, steps
 from mmscope.analyze.readers import nsys
 from mmscope.analyze.ranges.table import build
 from mmscope.analyze.report.analysis import stage_stats
@@ -22,9 +22,7 @@ def table(tmp_path_factory):
 
 @pytest.fixture
 def built(table):
-    f = frame.build(table)
-    yield f
-    f.close()
+    return frame.build(table)
 
 
 def by_name(rows):
@@ -138,5 +136,5 @@ def test_percentiles_are_nearest_rank(durations):
                   thread=[1] * len(durations))
     (row,) = stage_stats(table)
     ordered = sorted(durations)
-    for p in stats.PERCENTILES:
+    for p in figures.PERCENTILES:
         assert row[f"p{p}_ns"] == ordered[max(math.ceil(p * len(ordered) / 100), 1) - 1]

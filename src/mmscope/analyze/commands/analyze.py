@@ -97,7 +97,7 @@ def compute(path: str, name_filter: str | None, workers: int | None):
     from mmscope.analyze import load
     from mmscope.analyze.report.analysis import analyze
 
-    return analyze(path, load(path, workers=workers), name_filter, workers)
+    return analyze(path, load(path, workers=workers), name_filter)
 
 
 def prepare_process() -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
+
+from mmscope.analyze.ranges.nesting import position_type
 
 NONE = -1  # no device work: first and last of a range without ops
 _UNSET = np.iinfo(np.int64).max  # first while it is computed: min() takes any start over it
@@ -63,6 +66,86 @@ class PerRange:
         return np.where(self.first >= 0, self.last - self.first, NONE)
 
 
+@njit(cache=True, nogil=True)
+def _by_group(walk, group, n_groups):
+    """The rows of each nesting group in nesting order: rows[off[g]:off[g + 1]]."""
+    off = np.zeros(n_groups + 1, np.int64)
+    for k in range(len(walk)):
+        off[group[walk[k]] + 1] += 1
+    for g in range(n_groups):
+        off[g + 1] += off[g]
+    at = off[:n_groups].copy()
+    rows = np.empty(len(walk), walk.dtype)
+    for k in range(len(walk)):
+        i = walk[k]
+        rows[at[group[i]]] = i
+        at[group[i]] += 1
+    return rows, off
+
+
+@njit(cache=True, nogil=True)
+def _owners(op_thread, call_start, rows, off, start, end, parent, n_subs, owners):
+    """owners[s, j]: the innermost range of (domain, kind) pair s on op j's call thread (an
+    index into the table's threads, -1: none) open when the call started: the last range of that
+    group starting at or before it, or the first up its parent chain ending after it. Ops come
+    mostly in time order per thread: each group's search goes on from where the last stopped."""
+    n_groups = len(off) - 1
+    pos = off[:n_groups] - 1  # per group: the last row starting at or before the last call
+    last_call = np.full(n_groups, np.iinfo(np.int64).min, np.int64)
+    for j in range(len(op_thread)):
+        t = op_thread[j]
+        c = call_start[j]
+        for s in range(n_subs):
+            if t < 0:
+                owners[s, j] = -1
+                continue
+            g = t * n_subs + s
+            lo, hi = off[g], off[g + 1]
+            if c < last_call[g]:  # back in time: search the group from its start
+                a, b = lo, hi
+                while a < b:
+                    m = (a + b) // 2
+                    if start[rows[m]] <= c:
+                        a = m + 1
+                    else:
+                        b = m
+                pos[g] = a - 1
+            else:
+                while pos[g] + 1 < hi and start[rows[pos[g] + 1]] <= c:
+                    pos[g] += 1
+            last_call[g] = c
+            r = rows[pos[g]] if pos[g] >= lo else -1
+            while r >= 0 and end[r] <= c:
+                r = parent[r]
+            owners[s, j] = r
+
+
+@njit(cache=True, nogil=True)
+def _project(owners, op_start, op_end, use_ops, walk, parent, first, last, kernel, ops):
+    """Each op's time to its owners (in every pair), its span where `use_ops`; then children
+    into parents, deepest first (the reverse of nesting order)."""
+    for s in range(owners.shape[0]):
+        for j in range(owners.shape[1]):
+            r = owners[s, j]
+            if r < 0:
+                continue
+            kernel[r] += op_end[j] - op_start[j]
+            ops[r] += 1
+            if use_ops:
+                first[r] = min(first[r], op_start[j])
+                last[r] = max(last[r], op_end[j])
+    for k in range(len(walk) - 1, -1, -1):
+        i = walk[k]
+        p = parent[i]
+        if p < 0 or (ops[i] == 0 and first[i] == _UNSET):
+            continue
+        kernel[p] += kernel[i]
+        ops[p] += ops[i]
+        if first[i] != _UNSET:
+            first[p] = min(first[p], first[i])
+            last[p] = max(last[p], last[i])
+
+
 def per_range(table) -> PerRange:
     """Each op given to the innermost range of its call's thread open when the call started (in
     every nesting group of that thread: NVTX domains, push/pop and start/end apart; a range on
@@ -71,89 +154,30 @@ def per_range(table) -> PerRange:
     out), though its work still counts for the ranges around it."""
     work = table.device
     n = len(table)
+    walk = np.arange(n, dtype=table.parent.dtype) if table.order is None else table.order
+    rows, off = _by_group(walk, table.group, len(table.threads) * table.n_subs)
+    at = np.searchsorted(table.threads, work.thread)
+    found = (at < len(table.threads)) & (table.threads[np.minimum(at, len(table.threads) - 1)]
+                                         == work.thread)
+    op_thread = np.where(found, at, -1)
+    owners = np.empty((table.n_subs, len(work)), position_type(n))
+    _owners(op_thread, work.call_start, rows, off, table.start, table.end, table.parent,
+            table.n_subs, owners)
+    del rows, off, op_thread
     out = PerRange(first=np.full(n, _UNSET, np.int64), last=np.full(n, NONE, np.int64),
-                   kernel_ns=np.zeros(n, np.int64), ops=np.zeros(n, np.int64), owners=[])
-    dur = work.end - work.start
-    for rows in _groups(table):
-        at = _innermost(table, rows, work)
-        out.owners.append(at)
-        has = at >= 0
-        own = at[has]
-        out.kernel_ns += np.bincount(own, weights=dur[has], minlength=n).astype(np.int64)
-        out.ops += np.bincount(own, minlength=n)
-        if work.spans is None:
-            _extend(out.first, out.last, own, work.start[has], work.end[has])
+                   kernel_ns=np.zeros(n, np.int64), ops=np.zeros(n, np.int64),
+                   owners=list(owners))
     if work.spans is not None:
-        rows, first, last = work.spans
-        _extend(out.first, out.last, rows, first, last)
-    _fold(table, out)
+        span_rows, span_first, span_last = work.spans
+        np.minimum.at(out.first, span_rows, span_first)
+        np.maximum.at(out.last, span_rows, span_last)
+    _project(owners, work.start, work.end, work.spans is None, walk, table.parent, out.first,
+             out.last, out.kernel_ns, out.ops)
     none = out.first == _UNSET
     if table.end_thread is not table.thread:
         none |= table.end_thread != table.thread
     out.first[none], out.last[none] = NONE, NONE
     return out
-
-
-def _groups(table) -> list[np.ndarray | None]:
-    """The rows of each nesting group of ranges (domain and kind) in row order (None: all)."""
-    from mmscope.analyze.ranges.table import START_END
-
-    sub = (table.domain_id.astype(np.int64) << 1) | (table.kind == START_END)
-    values = np.unique(sub)
-    if len(values) == 1:
-        return [None]
-    return [np.flatnonzero(sub == v) for v in values.tolist()]
-
-
-def _innermost(table, rows: np.ndarray | None, work: DeviceWork) -> np.ndarray:
-    """Per op, the innermost of these rows (None: every row) on its call's thread open at the
-    call's start: the last range started at or before it, or the first range up its parent
-    chain that ends after it (-1: none). The ops of one call mostly lie together: the call is
-    looked up once for each run of them."""
-    from mmscope.analyze.ranges.table import asof
-
-    head = np.ones(len(work), bool)
-    head[1:] = (work.thread[1:] != work.thread[:-1]) | (work.call_start[1:] != work.call_start[:-1])
-    heads = np.flatnonzero(head)
-    run = np.cumsum(head) - 1
-    del head
-    right = (table.thread, table.start) if rows is None else (table.thread[rows],
-                                                              table.start[rows])
-    pos = asof(work.thread[heads], work.call_start[heads], *right)
-    at = pos if rows is None else np.where(pos >= 0, rows[np.maximum(pos, 0)], -1)
-    call_start = work.call_start[heads]
-    live = np.flatnonzero(at >= 0)
-    while len(live):
-        short = table.end[at[live]] <= call_start[live]
-        live = live[short]
-        at[live] = table.parent[at[live]]
-        live = live[at[live] >= 0]
-    return at[run]
-
-
-def _extend(first, last, rows, start, end) -> None:
-    """first/last of these rows widened to take [start, end] in."""
-    np.minimum.at(first, rows, start)
-    np.maximum.at(last, rows, end)
-
-
-def _fold(table, out: PerRange) -> None:
-    """Children into parents, deepest first: span, time and ops of a range include its
-    children's."""
-    has = (out.ops > 0) | (out.first != _UNSET)
-    if not has.any():
-        return
-    for d in range(int(table.depth[has].max()), 0, -1):
-        rows = np.flatnonzero(has & (table.depth == d))
-        up = table.parent[rows]
-        keep = up >= 0
-        rows, up = rows[keep], up[keep]
-        n = len(table)
-        out.kernel_ns += np.bincount(up, weights=out.kernel_ns[rows], minlength=n).astype(np.int64)
-        out.ops += np.bincount(up, weights=out.ops[rows], minlength=n).astype(np.int64)
-        spans = out.first[rows] != _UNSET
-        _extend(out.first, out.last, up[spans], out.first[rows[spans]], out.last[rows[spans]])
-        has[up] = True
 
 
 def kernels_by_stage(work: DeviceWork, owners: list[np.ndarray], nodes, node_of_row: np.ndarray,
@@ -176,14 +200,12 @@ def kernels_by_stage(work: DeviceWork, owners: list[np.ndarray], nodes, node_of_
 def _add_kernels(sums: dict, work: DeviceWork, owner: np.ndarray, nodes,
                  node_of_row: np.ndarray) -> None:
     """(stage, name) -> [time, count] of one nesting group's ops, up their owners' paths."""
-    from mmscope.analyze.ranges.tree import _unique
-
     has = owner >= 0
     if not has.any():
         return
     n_names = len(work.names)
     key = node_of_row[owner[has]].astype(np.int64) * n_names + work.name[has]
-    groups, inverse = _unique(key, len(nodes) * n_names)
+    groups, inverse = np.unique(key, return_inverse=True)
     del key
     total = np.bincount(inverse, weights=(work.end - work.start)[has]).astype(np.int64)
     count = np.bincount(inverse).astype(np.int64)

@@ -2,7 +2,7 @@
 its self time and device time, the stages, the processes and their roles; what every computation
 reads.
 
-Built once per analysis: the nesting's structure in numpy, everything aggregated in SQL.
+Built once per analysis, in compiled passes over the rows (tree.py, figures.py, device.py).
 """
 from __future__ import annotations
 
@@ -12,50 +12,44 @@ import numpy as np
 
 from mmscope import stages
 from mmscope.analyze.ranges import device, processes, stats, steps, tree
-from mmscope.analyze.ranges.sql import Sql
+from mmscope.analyze.ranges.nesting import dense_codes
 from mmscope.analyze.ranges.table import RangeTable
 
 
 @dataclass
 class Frame:
     table: RangeTable
-    sql: Sql
     stages: list[str]            # stage names (every step_meta name folded into one)
     stage_of_name: np.ndarray    # canonical name id -> stage id
     processes: list[dict]        # processes.describe
     roles: list[str]             # role labels, in the order of the tree's roots
     nodes: tree.Nodes
-    ranges: dict[str, np.ndarray]  # the columns of the view `ranges`, per row
+    ranges: dict[str, np.ndarray]  # per row: stage, node, thread, start, end, parent (+ device)
     kernels: dict[int, list[dict]]  # per stage id, its top kernels (none without a device side)
 
-    def close(self) -> None:
-        self.sql.close()
 
-
-def build(table: RangeTable, workers: int | None = None) -> Frame:
-    """`ranges` holds every range: stage, node, thread, start, end, parent row, self_ns; and
-    where the profile has a device side device_ns (-1: none) and kernel_ns (device.per_range)."""
-    sql = Sql(workers)
+def build(table: RangeTable) -> Frame:
+    """`ranges` holds every range: stage, node, thread, start, end, parent row; and where the
+    profile has a device side device_ns (-1: none) and kernel_ns (device.per_range)."""
     _find_catalogue_rows(table)
     stage_list, stage_of_name = stats.stage_names(table.names)
     stage = stage_of_name[table.name_id]
-    sql.register("ranges", {"thread": table.thread, "stage": stage})
-    procs = processes.describe(table, stage_list, sql)
+    thread_code, threads = dense_codes(table.thread)
+    procs = processes.describe(table, stage_list, stage, thread_code, threads)
     roles = _role_order({p["role"] for p in procs})
     role_of_pid = {p["pid"]: roles.index(p["role"]) for p in procs}
-    role_of_row = _per_row(table.process, role_of_pid)
-    nodes = tree.build(table, stage, role_of_row, len(stage_list))
-    del role_of_row
+    role_of_thread = np.array([role_of_pid.get(processes.pid_of(t), 0)
+                               for t in threads.tolist()], np.int64)
+    nodes = tree.build(table, stage, thread_code, role_of_thread, len(stage_list), len(roles))
+    del thread_code
     ranges = {"stage": stage, "node": nodes.of_row, "thread": table.thread,
-              "start": table.start, "end": table.end, "parent": table.parent,
-              "self_ns": tree.self_times(table)}
+              "start": table.start, "end": table.end, "parent": table.parent}
     kernels = {}
     if table.device is not None:
         got = device.per_range(table)
         ranges.update(device_ns=got.device_ns, kernel_ns=got.kernel_ns)
         kernels = device.kernels_by_stage(table.device, got.owners, nodes, nodes.of_row)
-    sql.register("ranges", ranges)
-    return Frame(table=table, sql=sql, stages=stage_list, stage_of_name=stage_of_name,
+    return Frame(table=table, stages=stage_list, stage_of_name=stage_of_name,
                  processes=procs, roles=roles, nodes=nodes, ranges=ranges, kernels=kernels)
 
 
@@ -73,9 +67,3 @@ def _role_order(labels: set[str]) -> list[str]:
         order = processes.ROLE_ORDER
         return (order.index(first) if first in order else len(order), label)
     return sorted(labels, key=rank)
-
-
-def _per_row(pid: np.ndarray, value_of_pid: dict[int, int]) -> np.ndarray:
-    keys = np.array(sorted(value_of_pid), np.int64)
-    values = np.array([value_of_pid[k] for k in keys.tolist()], np.int32)
-    return values[np.searchsorted(keys, pid)]

@@ -1,7 +1,6 @@
-"""Per-stage and per-node figures, aggregated in DuckDB in one pass: count, total, self, mean,
-p50/p90/p99 (nearest rank, DuckDB's quantile_disc: always a measured duration), min, max, device
-and kernel time; and each one's share of its parent: its time inside that parent over the
-parent's whole time.
+"""The stage tree and the flat stage table as the reports show them: per node and per stage its
+figures (figures.py: count, total, self, mean, p50/p90/p99, min, max, device and kernel time), and
+each one's share of its parent: its time inside that parent over the parent's whole time.
 """
 from __future__ import annotations
 
@@ -10,20 +9,10 @@ import re
 import numpy as np
 
 from mmscope import stages
+from mmscope.analyze.ranges.figures import figures
 
-PERCENTILES = (50, 90, 99)
 FIGURES = ("count", "total_ns", "self_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "min_ns",
            "max_ns", "device_ns", "kernel_ns")
-
-AGGREGATE = """
-SELECT node, stage, count(*), CAST(sum(dur) AS BIGINT), CAST(sum(self_ns) AS BIGINT),
-       min(dur), max(dur), quantile_disc(dur, [0.5, 0.9, 0.99]) {device}
-FROM (SELECT node, stage, "end" - start AS dur, self_ns {device_columns} FROM ranges)
-GROUP BY GROUPING SETS ((node), (stage))
-"""
-# A range's device span counts where it has one (device_ns -1: it launched nothing).
-DEVICE = (", CAST(coalesce(sum(device_ns) FILTER (WHERE device_ns >= 0), 0) AS BIGINT), "
-          "CAST(sum(kernel_ns) AS BIGINT)")
 
 
 def stage_names(names: list[str]) -> tuple[list[str], np.ndarray]:
@@ -36,22 +25,12 @@ def stage_names(names: list[str]) -> tuple[list[str], np.ndarray]:
     return list(index), np.array(codes, dtype=np.int32).reshape(len(names))
 
 
-def aggregate(sql, with_device: bool = False) -> tuple[dict[int, dict], dict[int, dict]]:
+def aggregate(frame) -> tuple[dict[int, dict], dict[int, dict]]:
     """The figures of every node and of every stage, keyed by their ids; device_ns and kernel_ns
     summed over the ranges (None without a device side)."""
-    by_node, by_stage = {}, {}
-    query = AGGREGATE.format(device=DEVICE if with_device else "",
-                             device_columns=", device_ns, kernel_ns" if with_device else "")
-    for node, stage, count, total, self_ns, low, high, pct, *dev in sql.rows(query):
-        device_ns, kernel_ns = dev if with_device else (None, None)
-        row = {"count": count, "total_ns": total, "self_ns": self_ns,
-               "mean_ns": (total + count // 2) // count,
-               **{f"p{p}_ns": int(v) for p, v in zip(PERCENTILES, pct)},
-               "min_ns": low, "max_ns": high, "device_ns": device_ns, "kernel_ns": kernel_ns}
-        if node is not None:
-            by_node[node] = row
-        else:
-            by_stage[stage] = row
+    device = (frame.ranges.get("device_ns"), frame.ranges.get("kernel_ns"))
+    by_node = figures(frame.table, frame.nodes.of_row, len(frame.nodes), *device)
+    by_stage = figures(frame.table, frame.ranges["stage"], len(frame.stages), *device)
     return by_node, by_stage
 
 

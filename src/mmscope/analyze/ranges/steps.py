@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 from mmscope import stages
+from mmscope.analyze.ranges.figures import nearest_rank
 from mmscope.analyze.ranges.table import RangeTable, asof, enclosing
 
 SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
@@ -238,7 +239,7 @@ def summary(frame, pairs: StepPairs) -> dict:
     fit, fit_reason = _fit(pairs)
     return {"pairs": len(pairs), "forwards": forwards, "step_metas": metas,
             "unmatched_forwards": forwards - len(pairs), "unjoined_step_metas": metas - joined,
-            "by_kind": _by_kind(frame.sql, pairs), "fit": fit, "fit_reason": fit_reason,
+            "by_kind": _by_kind(pairs), "fit": fit, "fit_reason": fit_reason,
             "available": len(pairs) > 0, "reason": _missing(forwards, metas, len(pairs))}
 
 
@@ -258,21 +259,20 @@ def _missing(forwards: int, metas: int, pairs: int) -> str | None:
             f"{metas} step_meta)")
 
 
-BY_KIND = """
-SELECT kind, count(*) AS steps, avg(forward_ns) AS mean, quantile_disc(forward_ns, 0.5) AS p50,
-       avg(total) AS tokens
-FROM joined GROUP BY kind ORDER BY kind
-"""
-
-
-def _by_kind(sql, pairs: StepPairs) -> list[dict]:
+def _by_kind(pairs: StepPairs) -> list[dict]:
     if len(pairs) == 0:
         return []
-    sql.register("joined", {"kind": kind_codes(pairs["prefill"], pairs["decode"]),
-                            "forward_ns": pairs["forward_ns"], "total": pairs["total"]})
-    return [{"kind": KINDS[kind], "steps": n, "forward_mean_ns": int(round(mean)),
-             "forward_p50_ns": int(p50), "tokens_mean": round(float(tokens), 3)}
-            for kind, n, mean, p50, tokens in sql.rows(BY_KIND)]
+    kinds = kind_codes(pairs["prefill"], pairs["decode"])
+    out = []
+    for kind in np.unique(kinds).tolist():
+        at = kinds == kind
+        forward, tokens = pairs["forward_ns"][at], pairs["total"][at]
+        n = len(forward)
+        out.append({"kind": KINDS[kind], "steps": n,
+                    "forward_mean_ns": int(round(int(forward.sum()) / n)),
+                    "forward_p50_ns": nearest_rank(forward, 0.5),
+                    "tokens_mean": round(int(tokens.sum()) / n, 3)})
+    return out
 
 
 def _fit(pairs) -> tuple[dict | None, str | None]:

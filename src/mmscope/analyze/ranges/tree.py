@@ -1,23 +1,25 @@
 """The stage tree: each range's node is its path of stages under its process' role (as the seed
-draws `preprocess` over its children), and each one's self time, as nsys' DurNonChild.
+draws `preprocess` over its children), found in one compiled pass over the rows, parents first.
 
-Per range in numpy (the nesting's columns); per node aggregated in SQL (stats).
+Nodes are numbered level by level, each level in (parent node, stage) order; each node's figures
+are aggregated in figures.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from mmscope.analyze.ranges.table import RangeTable
 
 
+
 @dataclass
 class Nodes:
-    """`of_row[r]`: the node of row r; per node: its
-    parent node (-1: a root), role and stage ids and depth; `excess[k]`: time of node k's ranges
-    beyond the lengths of the parents holding them (ranges that overlap partly can add up to
-    more than their parent)."""
+    """`of_row[r]`: the node of row r; per node: its parent node (-1: a root), role and stage ids
+    and depth; `excess[k]`: time of node k's ranges beyond the lengths of the parents holding
+    them (ranges that overlap partly can add up to more than their parent)."""
 
     of_row: np.ndarray
     parent: np.ndarray
@@ -30,55 +32,110 @@ class Nodes:
         return len(self.parent)
 
 
-def build(table: RangeTable, stage_of_row: np.ndarray, role_of_row: np.ndarray,
-          n_stages: int) -> Nodes:
-    """Nodes level by level: a root is (role, stage), a node below is (parent node, stage).
-    `stage_of_row`, `role_of_row`: per row."""
-    of_row = np.full(len(table), -1, np.int32)
-    parts = {"parent": [], "role": [], "stage": [], "depth": []}
-    order = np.argsort(table.depth, kind="stable").astype(np.int32 if len(table) < 1 << 31
-                                                           else np.int64)
-    bounds = np.searchsorted(table.depth[order], np.arange(int(table.depth.max(initial=0)) + 2))
+@njit(cache=True, nogil=True)
+def _grow(keys, ids, made, node_parent, node_stage, node_role):
+    """The node table rehashed at twice its size, and the per-node arrays with room."""
+    slots = 2 * len(keys)
+    mask = slots - 1
+    new_keys = np.empty(slots, np.int64)
+    new_ids = np.full(slots, -1, np.int64)
+    for h in range(len(keys)):
+        if ids[h] >= 0:
+            j = ((keys[h] * -7046029254386353131) >> 20) & mask
+            while new_ids[j] >= 0:
+                j = (j + 1) & mask
+            new_keys[j] = keys[h]
+            new_ids[j] = ids[h]
+    room = slots // 2
+    parents = np.empty(room, np.int64)
+    parents[:made] = node_parent[:made]
+    stages_ = np.empty(room, np.int64)
+    stages_[:made] = node_stage[:made]
+    roles = np.empty(room, np.int64)
+    roles[:made] = node_role[:made]
+    return new_keys, new_ids, parents, stages_, roles
+
+
+@njit(cache=True, nogil=True)
+def _node_pass(walk, parent, stage, thread_code, role_of_thread, n_stages, n_roles, of_row):
+    """Rows in `walk` (parents before children): a root's node is (role, stage), another's
+    (its parent's node, stage). Returns the nodes' parent, stage and role (in creation order)."""
+    slots = 1 << 12
+    keys = np.empty(slots, np.int64)
+    ids = np.full(slots, -1, np.int64)
+    node_parent = np.empty(slots // 2, np.int64)
+    node_stage = np.empty(slots // 2, np.int64)
+    node_role = np.empty(slots // 2, np.int64)
     made = 0
-    for depth in range(len(bounds) - 1):
-        at = order[bounds[depth]:bounds[depth + 1]]
-        above = role_of_row[at] if depth == 0 else of_row[table.parent[at]]
-        key = above.astype(np.int64) * n_stages + stage_of_row[at]
-        uniq, inverse = _unique(key, (int(above.max()) + 1) * n_stages)
-        of_row[at] = inverse + made
-        up = uniq // n_stages
-        parts["parent"].append(np.full(len(uniq), -1) if depth == 0 else up)
-        parts["role"].append(up if depth == 0 else np.concatenate(parts["role"])[up])
-        parts["stage"].append(uniq % n_stages)
-        parts["depth"].append(np.full(len(uniq), depth))
-        made += len(uniq)
-    cols = {k: (np.concatenate(v) if v else np.zeros(0, np.int64)) for k, v in parts.items()}
-    return Nodes(of_row=of_row, excess=_excess(table, of_row, made), **cols)
+    roots = n_roles * n_stages
+    for k in range(len(walk)):
+        i = walk[k]
+        p = parent[i]
+        s = stage[i]
+        if p < 0:
+            role = role_of_thread[thread_code[i]]
+            key = role * n_stages + s
+            up = -1
+        else:
+            up = of_row[p]
+            role = node_role[up]
+            key = roots + up * n_stages + s
+        mask = len(keys) - 1
+        h = ((key * -7046029254386353131) >> 20) & mask
+        while ids[h] >= 0 and keys[h] != key:
+            h = (h + 1) & mask
+        if ids[h] < 0:
+            if 2 * (made + 1) > len(keys):
+                keys, ids, node_parent, node_stage, node_role = _grow(
+                    keys, ids, made, node_parent, node_stage, node_role)
+                mask = len(keys) - 1
+                h = ((key * -7046029254386353131) >> 20) & mask
+                while ids[h] >= 0:
+                    h = (h + 1) & mask
+            keys[h] = key
+            ids[h] = made
+            node_parent[made] = up
+            node_stage[made] = s
+            node_role[made] = role
+            made += 1
+        of_row[i] = ids[h]
+    return node_parent[:made], node_stage[:made], node_role[:made]
 
 
-def _unique(key: np.ndarray, space: int):
-    """np.unique(key, return_inverse=True) for keys below `space`: a table of the keys present
-    where that is small (no sort of millions of rows), else np.unique."""
-    if space > max(4 * len(key), 1 << 16):
-        return np.unique(key, return_inverse=True)
-    present = np.zeros(space, bool)
-    present[key] = True
-    uniq = np.flatnonzero(present)
-    slot = np.cumsum(present, dtype=np.int64) - 1
-    return uniq, slot[key]
+def build(table: RangeTable, stage_of_row: np.ndarray, thread_code: np.ndarray,
+          role_of_thread: np.ndarray, n_stages: int, n_roles: int) -> Nodes:
+    """Nodes of every row: `stage_of_row` per row, `thread_code` per row (into
+    `role_of_thread`, each thread's role)."""
+    n = len(table)
+    of_row = np.empty(n, np.int32)
+    walk = np.arange(n, dtype=of_row.dtype) if table.order is None else table.order
+    parent, stage, role = _node_pass(walk, table.parent, stage_of_row, thread_code,
+                                     role_of_thread.astype(np.int64), n_stages, n_roles, of_row)
+    new, depth = _level_order(parent, stage, role, n_stages)
+    parent = np.where(parent >= 0, new[np.maximum(parent, 0)], -1)
+    order = np.argsort(new)
+    of_row = new.astype(np.int32)[of_row]
+    return Nodes(of_row=of_row, parent=parent[order], role=role[order], stage=stage[order],
+                 depth=depth[order], excess=_excess(table, of_row, len(new)))
 
 
-def self_times(table: RangeTable) -> np.ndarray:
-    """Each range's time less its children's, never below zero (children that overlap partly
-    count at most their parent's length)."""
-    dur = table.end - table.start
-    has = np.flatnonzero(table.parent >= 0)
-    # float64 adds integer nanoseconds exactly below 2**53 ns (104 days) a parent.
-    children = np.bincount(table.parent[has], weights=dur[has], minlength=len(table))
-    del has
-    np.minimum(children, dur, out=children)
-    np.subtract(dur, children, out=dur, casting="unsafe")  # exact: integers below 2**53
-    return dur
+def _level_order(parent: np.ndarray, stage: np.ndarray, role: np.ndarray, n_stages: int):
+    """Each node's number level by level, a level in (parent's number, stage) order (roots: (role,
+    stage)); and each node's depth."""
+    k = len(parent)
+    depth = np.zeros(k, np.int64)
+    for i in range(k):  # parents are made before their children
+        if parent[i] >= 0:
+            depth[i] = depth[parent[i]] + 1
+    new = np.empty(k, np.int64)
+    made = 0
+    for d in range(int(depth.max(initial=-1)) + 1):
+        at = np.flatnonzero(depth == d)
+        above = role[at] if d == 0 else new[parent[at]]
+        at = at[np.argsort(above * n_stages + stage[at], kind="stable")]
+        new[at] = np.arange(made, made + len(at))
+        made += len(at)
+    return new, depth
 
 
 def _excess(table: RangeTable, of_row: np.ndarray, n_nodes: int) -> np.ndarray:

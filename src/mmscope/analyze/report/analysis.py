@@ -39,24 +39,20 @@ class Analysis:
         return cls(path=path, **{**{k: doc[k] for k in DOC_KEYS}, "profile": profile})
 
 
-def analyze(path: str, table, name_filter: str | None = None,
-            workers: int | None = None) -> Analysis:
+def analyze(path: str, table, name_filter: str | None = None) -> Analysis:
     from mmscope.analyze.ranges import benefit, checks, frame, per_step, stats, steps
 
-    built = frame.build(table, workers)
-    try:
-        by_node, by_stage = stats.aggregate(built.sql, table.device is not None)
-        pairs = steps.step_join(built)
-        step_table = steps.steps_of(built, pairs)
-        return Analysis(
-            path=path, profile=profile_info(path, built),
-            tree=stats.tree(built, by_node, name_filter),
-            stages=stats.flat(built, by_node, by_stage, name_filter),
-            checks=checks.run_all(built, pairs), steps=steps.summary(built, pairs),
-            cache_benefit=benefit.cache_benefit(built, step_table),
-            per_step=per_step.per_step(built, step_table))
-    finally:
-        built.close()
+    built = frame.build(table)
+    by_node, by_stage = stats.aggregate(built)
+    pairs = steps.step_join(built)
+    step_table = steps.steps_of(built, pairs)
+    return Analysis(
+        path=path, profile=profile_info(path, built),
+        tree=stats.tree(built, by_node, name_filter),
+        stages=stats.flat(built, by_node, by_stage, name_filter),
+        checks=checks.run_all(built, pairs), steps=steps.summary(built, pairs),
+        cache_benefit=benefit.cache_benefit(built, step_table),
+        per_step=per_step.per_step(built, step_table))
 
 
 def profile_info(path: str, built) -> dict:
@@ -80,13 +76,10 @@ def profile_info(path: str, built) -> dict:
                         "streams": device.streams(work)})}
 
 
-def stage_stats(table, name_filter: str | None = None, workers: int | None = None) -> list[dict]:
+def stage_stats(table, name_filter: str | None = None) -> list[dict]:
     """The flat per-stage table of a range table (what `mmscope compare` compares)."""
     from mmscope.analyze.ranges import frame, stats
 
-    built = frame.build(table, workers)
-    try:
-        by_node, by_stage = stats.aggregate(built.sql, built.table.device is not None)
-        return stats.flat(built, by_node, by_stage, name_filter)
-    finally:
-        built.close()
+    built = frame.build(table)
+    by_node, by_stage = stats.aggregate(built)
+    return stats.flat(built, by_node, by_stage, name_filter)
