@@ -55,6 +55,7 @@ CUDA_CALLS = ("cudaLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync", "cudaStr
 STEP_PERIOD = 200_000
 FORWARD_BASE, FORWARD_PER_TOKEN = 20_000, 10
 WORKER_PIDS = (2001, 2002, 2003, 2004)
+NVTX_ONLY_PIDS = tuple(range(3001, 3009))
 
 
 def _step_rows(n_steps: int, rng: np.random.Generator):
@@ -124,11 +125,13 @@ def _gpu_work(base, enc, scale, starts, ends) -> dict:
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
-def generate(path: Path, rows: int, seed: int = 0) -> None:
-    """Write about `rows` NVTX rows in the new nsys schema (textId + StringIds, eventId)."""
+def generate(path: Path, rows: int, seed: int = 0, gpu: bool = True) -> None:
+    """Write about `rows` NVTX rows in the new nsys schema (textId + StringIds, eventId); with
+    `gpu`, the CUPTI tables of their GPU work (four worker processes), else NVTX only (eight)."""
     rng = np.random.default_rng(seed)
+    pids = WORKER_PIDS if gpu else NVTX_ONLY_PIDS
     n_steps = max(rows // ROWS_PER_STEP, 1)
-    start, end, name_idx, names, prefill, decode, gpu = _step_rows(n_steps, rng)
+    start, end, name_idx, names, prefill, decode, work = _step_rows(n_steps, rng)
     con = sqlite3.connect(path)
     con.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;" + DDL.read_text())
     shapes = sorted(set(zip(prefill.tolist(), decode.tolist())))
@@ -140,16 +143,16 @@ def generate(path: Path, rows: int, seed: int = 0) -> None:
     text_id = name_idx.copy()
     text_id[name_idx == 0] = [meta_id[sh] for sh in zip(prefill.tolist(), decode.tolist())]
     # Steps are dealt round-robin to the worker processes, each on its main thread (tid == pid).
-    pid = np.repeat(np.array(WORKER_PIDS, np.int64)[np.arange(n_steps) % len(WORKER_PIDS)],
-                    ROWS_PER_STEP)
+    pid = np.repeat(np.array(pids, np.int64)[np.arange(n_steps) % len(pids)], ROWS_PER_STEP)
     gtid = (1 << 48) | (pid << 24) | pid
     order = np.argsort(start, kind="stable")  # nsys writes rows roughly in time order
     cols = [start[order], end[order], gtid[order], text_id[order]]
     con.executemany(
         "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, textId, domainId) "
         f"VALUES (?, ?, {PUSH_POP}, ?, ?, 0)", zip(*(c.tolist() for c in cols)))
-    step_pid = np.array(WORKER_PIDS, np.int64)[np.arange(n_steps) % len(WORKER_PIDS)]
-    _write_gpu_work(con, gpu, step_pid, len(strings) + 1)
+    if gpu:
+        step_pid = np.array(pids, np.int64)[np.arange(n_steps) % len(pids)]
+        _write_gpu_work(con, work, step_pid, len(strings) + 1)
     con.commit()
     con.close()
 
@@ -190,13 +193,14 @@ MEMCPY_INSERT = (
     "copyKind, deviceId, contextId, streamId) VALUES (?, ?, ?, ?, 4096, 1, 0, 1, 14)")
 
 
-def cached_file(rows: int) -> Path:
-    path = Path(f"/tmp/mmscope-analyze-bench-v3-{rows}.sqlite")
+def cached_file(rows: int, gpu: bool = True) -> Path:
+    path = Path(f"/tmp/mmscope-analyze-bench-v3-{rows}.sqlite" if gpu else
+                f"/tmp/mmscope-analyze-bench-v4-{rows}-nvtx.sqlite")
     if not path.exists():
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
         t = time.perf_counter()
-        generate(tmp, rows)
+        generate(tmp, rows, gpu=gpu)
         os.replace(tmp, path)
         print(f"generated {path} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return path

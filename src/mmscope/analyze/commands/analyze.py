@@ -109,24 +109,6 @@ def prepare_process() -> None:
     # OpenBLAS's threads spin between calls (about 3 % of the run on 10 M rows, measured with
     # perf) and the analysis makes one small BLAS call (the step fit): one thread is enough.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    _keep_freed_memory()
-
-
-def _keep_freed_memory() -> None:
-    """glibc: large arrays from the heap, and freed memory kept for the next ones.
-
-    By default every array over 32 MiB is a fresh mmap, and each of its pages faults again
-    (about 470 K page faults and 0.9 s of system time on 10 M rows here, against 300 K and 0.6 s
-    this way, measured, at the same peak RSS). Other C libraries: nothing happens."""
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError, TypeError):
-        return
-    m_trim_threshold, m_mmap_max = -1, -4
-    mallopt(m_mmap_max, 0)
-    mallopt(m_trim_threshold, 1 << 30)
 
 
 def _write(path: str, write) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from mmscope.analyze.ranges.nesting import position_type
+from mmscope.analyze.ranges.nesting import position_type, walk_of
 
 NONE = -1  # no device work: first and last of a range without ops
 _UNSET = np.iinfo(np.int64).max  # first while it is computed: min() takes any start over it
@@ -51,19 +51,14 @@ def from_columns(cols: dict, names: list[str], streams: list[str], source: str,
 
 @dataclass
 class PerRange:
-    """Per table row: first and last (NONE: no device work), kernel_ns and ops, the children's
-    work included; `owners`, per nesting group, per op: the innermost range of that group that
-    launched it (-1: none)."""
+    """Per table row: device_ns (the last op's end less the first op's start; NONE: no device
+    work), kernel_ns and ops, the children's work included; `owners`, per nesting group, per
+    op: the innermost range of that group that launched it (-1: none)."""
 
-    first: np.ndarray
-    last: np.ndarray
+    device_ns: np.ndarray
     kernel_ns: np.ndarray
     ops: np.ndarray
     owners: list[np.ndarray]
-
-    @property
-    def device_ns(self) -> np.ndarray:
-        return np.where(self.first >= 0, self.last - self.first, NONE)
 
 
 @njit(cache=True, nogil=True)
@@ -154,7 +149,7 @@ def per_range(table) -> PerRange:
     out), though its work still counts for the ranges around it."""
     work = table.device
     n = len(table)
-    walk = np.arange(n, dtype=table.parent.dtype) if table.order is None else table.order
+    walk = walk_of(n, table.order)
     rows, off = _by_group(walk, table.group, len(table.threads) * table.n_subs)
     at = np.searchsorted(table.threads, work.thread)
     found = (at < len(table.threads)) & (table.threads[np.minimum(at, len(table.threads) - 1)]
@@ -164,20 +159,20 @@ def per_range(table) -> PerRange:
     _owners(op_thread, work.call_start, rows, off, table.start, table.end, table.parent,
             table.n_subs, owners)
     del rows, off, op_thread
-    out = PerRange(first=np.full(n, _UNSET, np.int64), last=np.full(n, NONE, np.int64),
-                   kernel_ns=np.zeros(n, np.int64), ops=np.zeros(n, np.int64),
-                   owners=list(owners))
+    first, last = np.full(n, _UNSET, np.int64), np.full(n, NONE, np.int64)
+    kernel_ns, ops = np.zeros(n, np.int64), np.zeros(n, np.int32)
     if work.spans is not None:
         span_rows, span_first, span_last = work.spans
-        np.minimum.at(out.first, span_rows, span_first)
-        np.maximum.at(out.last, span_rows, span_last)
-    _project(owners, work.start, work.end, work.spans is None, walk, table.parent, out.first,
-             out.last, out.kernel_ns, out.ops)
-    none = out.first == _UNSET
+        np.minimum.at(first, span_rows, span_first)
+        np.maximum.at(last, span_rows, span_last)
+    _project(owners, work.start, work.end, work.spans is None, walk, table.parent, first, last,
+             kernel_ns, ops)
+    none = first == _UNSET
     if table.end_thread is not table.thread:
         none |= table.end_thread != table.thread
-    out.first[none], out.last[none] = NONE, NONE
-    return out
+    last -= first  # the span, in place (these columns are long)
+    last[none] = NONE
+    return PerRange(device_ns=last, kernel_ns=kernel_ns, ops=ops, owners=list(owners))
 
 
 def kernels_by_stage(work: DeviceWork, owners: list[np.ndarray], nodes, node_of_row: np.ndarray,

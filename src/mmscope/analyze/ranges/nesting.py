@@ -78,14 +78,14 @@ def _in_order(group, start, end, n_groups):
 
 
 @njit(cache=True, nogil=True)
-def _stack_pass(order, group, start, end, slack, n_groups, parent, depth, crossing):
+def _stack_pass(order, group, start, end, slack, n_groups, parent, crossing):
     """Rows in `order` (nesting order within each group). A row's parent is the last earlier row
     of its group that contains it (its start inside, its end at most `slack` past); the group's
     stack keeps the rows that may still contain a later one: a row that ends before another
     needs is passed over for good, as the later row holds everything it could. The largest end
     passed over says whether the row crosses an earlier one."""
     top = np.full(n_groups, -1, np.int64)
-    below = np.empty(len(group), np.int64)
+    below = np.empty(len(group), parent.dtype)
     for k in range(len(order)):
         i = order[k]
         g = group[i]
@@ -98,7 +98,6 @@ def _stack_pass(order, group, start, end, slack, n_groups, parent, depth, crossi
                 seen = end[t]
             t = below[t]
         parent[i] = t
-        depth[i] = 0 if t < 0 else depth[t] + 1
         crossing[i] = e != s and seen > s + slack
         below[i] = t
         top[g] = i
@@ -119,14 +118,32 @@ def nesting_order(group: np.ndarray, start: np.ndarray, end: np.ndarray,
     return order
 
 
+@njit(cache=True, nogil=True)
+def _depths(walk, parent, depth):
+    for k in range(len(walk)):
+        i = walk[k]
+        p = parent[i]
+        depth[i] = 0 if p < 0 else depth[p] + 1
+
+
+def depths(parent: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    """Each row's number of ancestors, walking the rows parents first."""
+    depth = np.empty(len(parent), np.int32)
+    _depths(walk_of(len(parent), order), parent, depth)
+    return depth
+
+
+def walk_of(n: int, order: np.ndarray | None) -> np.ndarray:
+    """The rows in nesting order: `order`, or row order where that is None."""
+    return np.arange(n, dtype=position_type(n)) if order is None else order
+
+
 def nest(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups: int, slack: int = 0):
-    """(depth, parent, crossing rows, order): order is None where the rows are in nesting order
+    """(parent, crossing rows, order): order is None where the rows are in nesting order
     already, else the rows in it (what later passes that need parents first walk)."""
     n = len(start)
-    depth = np.zeros(n, np.int32)
     parent = np.empty(n, position_type(n))
     crossing = np.zeros(n, np.bool_)
     order = nesting_order(group, start, end, n_groups)
-    walk = np.arange(n, dtype=position_type(n)) if order is None else order
-    _stack_pass(walk, group, start, end, slack, n_groups, parent, depth, crossing)
-    return depth, parent, np.flatnonzero(crossing), order
+    _stack_pass(walk_of(n, order), group, start, end, slack, n_groups, parent, crossing)
+    return parent, np.flatnonzero(crossing), order

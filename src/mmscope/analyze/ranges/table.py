@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.ranges.nesting import NO_PARENT, dense_codes, nest, position_type
+from mmscope.analyze.ranges.nesting import NO_PARENT, dense_codes, depths, nest, position_type
 
 PUSH_POP, START_END, MARK = 0, 1, 2
 KIND_NAMES = ("push_pop", "start_end", "mark")
@@ -40,7 +40,6 @@ class RangeTable:
     end_thread: np.ndarray
     domain_id: np.ndarray
     unclosed: np.ndarray
-    depth: np.ndarray
     parent: np.ndarray
     names: list[str]
     domains: list[str] = field(default_factory=lambda: [""])
@@ -61,6 +60,13 @@ class RangeTable:
 
     def __len__(self) -> int:
         return len(self.start)
+
+    @property
+    def depth(self) -> np.ndarray:
+        """Each range's number of ancestors (computed on first use: the analysis needs none)."""
+        if "depth" not in self._cache:
+            self._cache["depth"] = depths(self.parent, self.order)
+        return self._cache["depth"]
 
     @property
     def duration(self) -> np.ndarray:
@@ -168,13 +174,13 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
     index, mapping = canonical_names(raw_names, used)
     name_id = mapping[name_id] if n else np.zeros(0, np.int32)
     group, threads, n_subs = nesting_groups(thread, domain_id, kind)
-    depth, parent, crossing, order = nest(group, start, end, len(threads) * n_subs, slack_ns)
+    parent, crossing, order = nest(group, start, end, len(threads) * n_subs, slack_ns)
     # NVTX lets start/end ranges overlap (concurrent media fetches on one thread): no crossing.
     crossing = crossing[kind[crossing] != START_END].astype(np.int64)
     return RangeTable(
         name_id=name_id,
         start=start, end=end, kind=kind, thread=thread, end_thread=end_thread,
-        domain_id=domain_id, unclosed=unclosed, depth=depth, parent=parent, names=list(index),
+        domain_id=domain_id, unclosed=unclosed, parent=parent, names=list(index),
         domains=list(domains or [""]), thread_names=dict(thread_names or {}),
         process_names=dict(process_names or {}), source=source, clock=clock,
         crossing=crossing, slack_ns=slack_ns, group=group, threads=threads, n_subs=n_subs,
@@ -228,9 +234,8 @@ def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
     t, t_keys = dense_codes(thread)
     s, s_keys = dense_codes(sub)
     group = t.astype(np.int64) * max(len(s_keys), 1) + s
-    depth, parent, crossing, _ = nest(group, start, end, max(len(t_keys) * len(s_keys), 1),
-                                      slack)
-    return depth, parent, crossing.astype(np.int64)
+    parent, crossing, order = nest(group, start, end, max(len(t_keys) * len(s_keys), 1), slack)
+    return depths(parent, order), parent, crossing.astype(np.int64)
 
 
 def group_index(thread: np.ndarray, sub: np.ndarray | None = None) -> np.ndarray:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from mmscope.analyze.ranges.nesting import walk_of
 from mmscope.analyze.ranges.table import RangeTable
 
 
@@ -108,7 +109,7 @@ def build(table: RangeTable, stage_of_row: np.ndarray, thread_code: np.ndarray,
     `role_of_thread`, each thread's role)."""
     n = len(table)
     of_row = np.empty(n, np.int32)
-    walk = np.arange(n, dtype=of_row.dtype) if table.order is None else table.order
+    walk = walk_of(n, table.order)
     parent, stage, role = _node_pass(walk, table.parent, stage_of_row, thread_code,
                                      role_of_thread.astype(np.int64), n_stages, n_roles, of_row)
     new, depth = _level_order(parent, stage, role, n_stages)

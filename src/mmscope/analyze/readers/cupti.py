@@ -11,7 +11,6 @@ import numpy as np
 from numba import njit
 
 from mmscope.analyze.ranges import device
-from mmscope.analyze.ranges.nesting import dense_codes
 from mmscope.analyze.readers import sqlite_source
 
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -25,10 +24,10 @@ COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 
               8: "DtoD", 9: "HtoH", 10: "PtoP"}
 THREAD_BITS = 0xFFFFFF
 CALL = ('SELECT coalesce(globalTid, 0) AS thread, start, coalesce(correlationId, -1) AS c '
-        'FROM {table} WHERE rowid > {{lo}} AND rowid <= {{hi}}')
+        'FROM "{table}" WHERE rowid > {{lo}} AND rowid <= {{hi}}')
 OP = ('SELECT start, "end", coalesce(correlationId, -1) AS c, coalesce(globalPid, 0) AS pid, '
       "{name} AS name, coalesce(deviceId, 0) AS device, coalesce(streamId, 0) AS stream "
-      "FROM {table} WHERE rowid > {{lo}} AND rowid <= {{hi}}")
+      'FROM "{table}" WHERE rowid > {{lo}} AND rowid <= {{hi}}')
 
 NO_CUDA = ("no CUDA trace in the export (nsys profile -t cuda,nvtx records the CUPTI runtime, "
            "kernel, memcpy and memset tables)")
@@ -40,32 +39,40 @@ def read(con, path: str, tables: set[str], strings: dict[int, str], parts: int):
     kinds = [t for t in OPS if t in tables]
     if RUNTIME not in tables or not kinds:
         return None, NO_CUDA
-    calls = _columns(con, path, RUNTIME, CALL.format(table=RUNTIME), parts,
-                     {"thread": 0, "start": 0, "c": -1})
-    ops = [_columns(con, path, t, OP.format(table=t, name=OPS[t]), parts,
-                    {"start": 0, "end": 0, "c": -1, "pid": 0, "name": MEMSET, "device": 0,
-                     "stream": 0}) for t in kinds]
-    ops = {k: np.concatenate([o[k] for o in ops]) for k in ops[0]}
+    calls = _columns(con, path, [RUNTIME], CALL, parts,
+                     {"thread": (np.int64, 0), "start": (np.int64, 0), "c": (np.int64, -1)})
+    ops = _columns(con, path, kinds, OP, parts,
+                   {"start": (np.int64, 0), "end": (np.int64, 0), "c": (np.int64, -1),
+                    "pid": (np.int64, 0), "name": (np.int32, MEMSET), "device": (np.int32, 0),
+                    "stream": (np.int32, 0)})
     launcher = _launchers(calls, ops)
+    del ops["pid"]
     keep = launcher >= 0
     if not keep.any():
         return None, RECORDED if _recorded(con, tables) else NO_CUDA
-    launcher = launcher[keep]
-    name_codes, name = np.unique(ops["name"][keep], return_inverse=True)
-    stream_codes, stream = np.unique((ops["device"][keep] << 32) | ops["stream"][keep],
-                                     return_inverse=True)
+    if not keep.all():
+        launcher = launcher[keep]
+        ops = {k: v[keep] for k, v in ops.items()}
+    name_codes, name = np.unique(ops.pop("name"), return_inverse=True)
+    stream_codes, stream = np.unique((ops.pop("device").astype(np.int64) << 32)
+                                     | ops.pop("stream"), return_inverse=True)
     cols = {"thread": calls["thread"][launcher], "call_start": calls["start"][launcher],
-            "start": ops["start"][keep], "end": ops["end"][keep], "name": name,
-            "stream": stream}
+            "start": ops.pop("start"), "end": ops.pop("end"), "name": name.astype(np.int32),
+            "stream": stream.astype(np.int32)}
+    del calls, launcher
     names = [_op_name(int(c), strings) for c in name_codes.tolist()]
     streams = [f"GPU {c >> 32} stream {c & 0xFFFFFFFF}" for c in stream_codes.tolist()]
     return device.from_columns(cols, names, streams, "nsys CUPTI"), ""
 
 
-def _columns(con, path: str, table: str, query: str, parts: int, nulls: dict) -> dict:
-    ranges = sqlite_source.rowid_ranges(con, f'"{table}"', parts)
-    got = sqlite_source.partitioned(path, query, ranges)
-    return {k: sqlite_source.numpy_column(got, k, np.int64, null) for k, null in nulls.items()}
+def _columns(con, path: str, tables: list[str], query: str, parts: int, spec: dict) -> dict:
+    """The query's integer columns over these tables, one after the other in the same arrays;
+    `spec`: per column its dtype and what NULL reads as."""
+    sources = [(query.format(table=t, name=OPS.get(t, "")),
+                sqlite_source.rowid_ranges(con, f'"{t}"', parts)) for t in tables]
+    got = sqlite_source.int_columns(path, sources, [d for d, _ in spec.values()],
+                                    [null for _, null in spec.values()])
+    return dict(zip(spec, got))
 
 
 @njit(cache=True, nogil=True)
@@ -92,19 +99,33 @@ def _join(call_key, order, op_key, out):
         out[j] = order[at] if at < m and call_key[order[at]] == k else -1
 
 
+@njit(cache=True, nogil=True)
+def _keys(pid, correlation, processes, out):
+    """out[j]: (process index << 40) | correlationId, where `processes` (ascending) holds the
+    process of pid[j]; -1 where it does not, or the correlation is NULL (-1)."""
+    for j in range(len(pid)):
+        p = np.searchsorted(processes, pid[j])
+        if p < len(processes) and processes[p] == pid[j] and correlation[j] >= 0:
+            out[j] = (p << 40) | (correlation[j] & ((1 << 40) - 1))
+        else:
+            out[j] = -1
+
+
 def _launchers(calls: dict, ops: dict) -> np.ndarray:
-    """Per op, the row of the runtime call with its correlationId in its process (-1: none)."""
-    pids = np.concatenate([calls["thread"] & ~THREAD_BITS, ops["pid"]])
-    code, _ = dense_codes(pids)
-    code = code.astype(np.int64) << 40  # processes apart, correlationIds below 2**40
-    n = len(calls["c"])
-    call_key = code[:n] | (calls["c"] & ((1 << 40) - 1))
-    op_key = code[n:] | (ops["c"] & ((1 << 40) - 1))
-    call_key[calls["c"] < 0] = -1
-    op_key[ops["c"] < 0] = -2
-    # Each process' calls come in correlationId order: sorting by process (a radix sort of
-    # small codes) mostly sorts the keys; the full sort only where it did not.
-    order = np.argsort(code[:n] >> 40, kind="stable")
+    """Per op, the row of the runtime call with its correlationId in its process (-1: none).
+    Consumes the correlation columns (their memory holds the keys)."""
+    call_pid = calls["thread"] & ~THREAD_BITS
+    processes = np.unique(call_pid[::max(len(call_pid) // 4096, 1)])
+    if len(processes) and not np.isin(call_pid, processes).all():  # a sample missed some
+        processes = np.unique(call_pid)
+    call_key, op_key = calls.pop("c"), ops.pop("c")
+    _keys(call_pid, call_key, processes, call_key)
+    del call_pid
+    _keys(ops["pid"], op_key, processes, op_key)
+    op_key[op_key < 0] = -2  # never a call's key
+    # Each process' calls come in correlationId order: sorting by process (the keys' high
+    # bits) mostly sorts the keys; the full sort only where it did not.
+    order = np.argsort(call_key >> 40, kind="stable")
     if len(order) > 1 and (np.diff(call_key[order]) < 0).any():
         order = np.argsort(call_key, kind="stable")
     out = np.empty(len(op_key), np.int64)

@@ -31,7 +31,7 @@ NULL_TIME = np.iinfo(np.int64).min  # a NULL start or end as read
 # file lacks one.
 COLUMNS = {"start": ("start", np.int64, NULL_TIME), "end": ('"end"', np.int64, NULL_TIME),
            "thread": ("globalTid", np.int64, 0), "text_id": ("textId", np.int64, -1),
-           "type": ("eventType", np.int16, -1), "domain": ("domainId", np.int64, 0)}
+           "type": ("eventType", np.int16, -1), "domain": ("domainId", np.int32, 0)}
 PARTS = 2  # rowid ranges read at once: this machine kind's cores
 
 
@@ -45,11 +45,14 @@ def load(path: str, workers: int | None = None) -> tbl.RangeTable:
     import adbc_driver_manager
     import polars as pl
 
+    from mmscope.analyze.readers.arrow_stream import StreamError
+
     try:
         with sqlite_source.readable(path) as readable:
             table = _read(readable, path, workers or PARTS)
         return table
-    except (adbc_driver_manager.Error, pl.exceptions.ComputeError, UnicodeDecodeError) as e:
+    except (adbc_driver_manager.Error, pl.exceptions.ComputeError, UnicodeDecodeError,
+            StreamError) as e:
         # A corrupt file breaks the SQLite reader, or hands back text that is no UTF-8.
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(f"{path}: not a readable SQLite database ({why})") from None
@@ -89,10 +92,11 @@ def _read_events(path: str, name: str, cols: set[str], ranges) -> dict[str, np.n
     select = ", ".join(f"{sql if column in cols else 'NULL'} AS {key}"
                        for key, (sql, _, _) in COLUMNS.items()
                        for column in [sql.strip('"')])
-    parts = sqlite_source.partitioned(
-        path, f"SELECT {select} FROM {_q(name)} WHERE rowid > {{lo}} AND rowid <= {{hi}}", ranges)
-    return {key: sqlite_source.numpy_column(parts, key, dtype, null)
-            for key, (_, dtype, null) in COLUMNS.items()}
+    got = sqlite_source.int_columns(
+        path, [(f"SELECT {select} FROM {_q(name)} WHERE rowid > {{lo}} AND rowid <= {{hi}}",
+                ranges)],
+        [dtype for _, dtype, _ in COLUMNS.values()], [null for _, _, null in COLUMNS.values()])
+    return dict(zip(COLUMNS, got))
 
 
 def _kinds(types: dict[int, str]) -> np.ndarray:
@@ -112,20 +116,21 @@ def _names(path: str, name: str, cols: set[str], ranges, text_id: np.ndarray,
     only for the rows without a textId, and coded once per distinct text."""
     registered = _Registered(strings)
     ids = registered.ids
-    pos = np.full(len(text_id), -1, np.int64)
+    pos = np.full(len(text_id), -1, np.int32)
     if len(ids):
         if 0 <= ids[0] and ids[-1] < 4 * len(ids) + (1 << 16):  # nsys numbers strings densely
-            slot = np.full(int(ids[-1]) + 2, -1, np.int64)  # the last slot: ids out of range
+            slot = np.full(int(ids[-1]) + 2, -1, np.int32)  # the last slot: ids out of range
             slot[ids] = np.arange(len(ids))
-            pos = slot[np.clip(text_id, -1, len(slot) - 1)]
+            np.clip(text_id, -1, len(slot) - 1, out=text_id)
+            pos = slot[text_id]
         else:
             at = np.minimum(np.searchsorted(ids, text_id), len(ids) - 1)
-            pos = np.where(ids[at] == text_id, at, -1)
+            pos = np.where(ids[at] == text_id, at, -1).astype(np.int32)
     unnamed = np.flatnonzero(pos < 0)
     texts = [""]
     if len(unnamed) and "text" in cols:
         where = ("" if "textId" not in cols else "textId IS NULL AND "
-                 if (text_id[unnamed] == -1).all() else
+                 if (text_id[unnamed] < 0).all() else
                  "(textId IS NULL OR textId NOT IN (SELECT id FROM StringIds)) AND ")
         codes, texts = _text_codes(path, name, ranges, len(unnamed), where)
         pos[unnamed] = len(ids) + codes
@@ -162,10 +167,10 @@ def _end_threads(path: str, name: str, cols: set[str], ranges, thread: np.ndarra
     if len(start_end) == 0 or "endGlobalTid" not in cols:
         return thread
     ids = ", ".join(str(i) for i, n in types.items() if KIND_OF_TYPE.get(n) == tbl.START_END)
-    parts = sqlite_source.partitioned(
-        path, f"SELECT coalesce(endGlobalTid, globalTid, 0) AS t FROM {_q(name)} "
-              f"WHERE eventType IN ({ids}) AND rowid > {{lo}} AND rowid <= {{hi}}", ranges)
-    values = sqlite_source.numpy_column(parts, "t", np.int64, 0)
+    (values,) = sqlite_source.int_columns(
+        path, [(f"SELECT coalesce(endGlobalTid, globalTid, 0) AS t FROM {_q(name)} "
+                f"WHERE eventType IN ({ids}) AND rowid > {{lo}} AND rowid <= {{hi}}", ranges)],
+        [np.int64], [0])
     if len(values) != len(start_end):
         raise UserError(f"NVTX_EVENTS changed while it was read ({len(start_end)} start/end "
                         f"ranges, then {len(values)})")

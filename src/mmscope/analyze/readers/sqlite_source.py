@@ -79,52 +79,80 @@ def frame(con, query: str):
 
 
 def rowid_ranges(con, table: str, parts: int) -> list[tuple[int, int]]:
-    """`parts` rowid ranges (lo, hi] that cover the table, split evenly by rowid."""
-    got = frame(con, f"SELECT coalesce(min(rowid), 0) - 1 AS lo, coalesce(max(rowid), 0) AS hi "
-                     f"FROM {table}")
-    lo, hi = got.row(0)
+    """`parts` rowid ranges (lo, hi] that cover the table, split evenly by rowid (min and max
+    asked apart: SQLite answers each from the table's b-tree without a scan)."""
+    lo = frame(con, f"SELECT min(rowid) AS x FROM {table}").item()
+    hi = frame(con, f"SELECT max(rowid) AS x FROM {table}").item()
+    if lo is None:
+        return [(0, 0)]
+    lo -= 1
     cuts = [lo + (hi - lo) * k // parts for k in range(parts + 1)]
-    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a] or [(lo, hi)]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
-def partitioned(path: str, query: str, ranges: list[tuple[int, int]]) -> list:
-    """`query` (which ends in a WHERE clause taking `rowid > ? AND rowid <= ?`, formatted in as
-    {lo} and {hi}) over each rowid range, on its own connection and thread: the DataFrames in
-    rowid order. The driver steps SQLite without Python's lock, so the ranges read at once."""
-    out: list = [None] * len(ranges)
+def _on_threads(ranges: list[tuple[int, int]], read) -> None:
+    """read(k, lo, hi) for each rowid range, each on its own thread (the first on this one)."""
     errors: list[BaseException] = []
 
-    def read(k: int, lo: int, hi: int) -> None:
+    def run(k: int, lo: int, hi: int) -> None:
         try:
-            with contextlib.closing(connect(path)) as con:
-                out[k] = frame(con, query.format(lo=lo, hi=hi))
+            read(k, lo, hi)
         except BaseException as e:  # re-raised in the caller's thread
             errors.append(e)
 
-    threads = [threading.Thread(target=read, args=(k, lo, hi)) for k, (lo, hi) in
+    threads = [threading.Thread(target=run, args=(k, lo, hi)) for k, (lo, hi) in
                enumerate(ranges)]
     for t in threads[1:]:
         t.start()
-    read(0, *ranges[0])
+    if ranges:
+        run(0, *ranges[0])
     for t in threads[1:]:
         t.join()
     if errors:
         raise errors[0]
-    return out
 
 
-def numpy_column(parts: list, name: str, dtype, null) -> np.ndarray:
-    """One column of the parts as one numpy array of `dtype`, NULLs as `null`, each chunk copied
-    once into place (the Arrow chunks freed as they go)."""
-    n = sum(p.height for p in parts)
-    out = np.empty(n, dtype)
+def partitioned(path: str, query: str, ranges: list[tuple[int, int]]) -> list:
+    """`query` (which ends in a WHERE clause taking `rowid > {lo} AND rowid <= {hi}`) over each
+    rowid range, on its own connection and thread: the DataFrames in rowid order."""
+    out: list = [None] * len(ranges)
+
+    def read(k: int, lo: int, hi: int) -> None:
+        with contextlib.closing(connect(path)) as con:
+            out[k] = frame(con, query.format(lo=lo, hi=hi))
+
+    _on_threads(ranges, read)
+    return [f for f in out if f is not None]
+
+
+def int_columns(path: str, sources: list[tuple[str, list[tuple[int, int]]]], dtypes: list,
+                nulls: list[int]) -> list[np.ndarray]:
+    """The integer columns of each source's query (as `partitioned` takes it) over its rowid
+    ranges, the sources one after the other (tables of the same columns), each range on its
+    own connection and thread, straight from the driver's Arrow batches into numpy arrays
+    (NULLs as `nulls`), in rowid order. A range holds at most hi - lo rows: each writes into its
+    own slice, and the slices close up after."""
+    from mmscope.analyze.readers import arrow_stream
+
+    jobs = [(query, lo, hi) for query, ranges in sources for lo, hi in ranges]
+    first = np.concatenate([[0], np.cumsum([hi - lo for _, lo, hi in jobs])]).astype(np.int64)
+    first = first.tolist()
+    cols = [np.empty(first[-1], dtype) for dtype in dtypes]
+    got = [0] * len(jobs)
+
+    def read(k: int, lo: int, hi: int) -> None:
+        with contextlib.closing(connect(path)) as con, con.cursor() as cur:
+            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+            cur.execute(jobs[k][0].format(lo=lo, hi=hi))
+            got[k] = arrow_stream.read_into(cur.fetch_arrow(), cols, nulls, first[k])
+
+    for query, ranges in sources:  # a source's ranges at once
+        done = sum(len(r) for _, r in sources[:sources.index((query, ranges))])
+        _on_threads(ranges, lambda k, lo, hi: read(done + k, lo, hi))
     at = 0
-    for part in parts:
-        series = part.drop_in_place(name)
-        for chunk in series.get_chunks():
-            if chunk.null_count():
-                chunk = chunk.fill_null(null)
-            out[at:at + len(chunk)] = chunk.to_numpy()
-            at += len(chunk)
-        del series
-    return out
+    for k, n in enumerate(got):  # close up: each range's rows after the previous range's
+        if first[k] != at:
+            for c in cols:
+                c[at:at + n] = c[first[k]:first[k] + n]
+        at += n
+    return [c[:at] for c in cols]
