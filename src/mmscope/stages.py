@@ -106,8 +106,9 @@ def step_meta_range(shape: StepShape) -> str:
     return STEP_META_FORMAT % (shape.prefill, shape.decode, shape.total, shape.reqs)
 
 
-_STEP_META_RE = re.compile(
-    r"^step_meta: prefill=(\d+) decode=(\d+) total=(\d+) reqs=(\d+)$")
+# Its parse, also as a pattern for other regex engines (the analyzer parses many names at once).
+STEP_META_PATTERN = r"^step_meta: prefill=(\d+) decode=(\d+) total=(\d+) reqs=(\d+)$"
+_STEP_META_RE = re.compile(STEP_META_PATTERN)
 
 
 def parse_step_meta(name: str) -> StepShape | None:

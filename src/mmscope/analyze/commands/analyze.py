@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the encoder cache's counters and time to first token by part from "
                         "a vLLM /metrics page: a saved file or the server's URL")
     parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
+    parser.add_argument("--raw-names", action="store_true",
+                        help="one stage per range name as written (default: names that differ "
+                        "only in numbers, such as torch's `aten::to, seq = 12, op_id = 99`, are "
+                        "one stage, their family)")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="threads reading an SQLite file (default: one per core)")
     parser.add_argument("--no-cache", action="store_true",
@@ -63,12 +67,12 @@ def run(args) -> int:
 
         scraped = scrape.read(args.metrics)
     # The key first: a warm run answers before numpy or polars are imported.
-    key = None if args.no_cache else cache.key_for(args.profile, args.filter)
+    key = None if args.no_cache else cache.key_for(args.profile, args.filter, args.raw_names)
     doc = cache.read(key)
     if doc is not None:
         analysis = Analysis.from_doc(args.profile, doc)
     else:
-        analysis = compute(args.profile, args.filter, args.workers)
+        analysis = compute(args.profile, args.filter, args.workers, args.raw_names)
         cache.write(key, analysis.doc())
     analysis.cache = scraped
     if args.json:
@@ -91,13 +95,13 @@ def run(args) -> int:
     return 0
 
 
-def compute(path: str, name_filter: str | None, workers: int | None):
+def compute(path: str, name_filter: str | None, workers: int | None, raw_names: bool = False):
     """Load and analyze the profile in this process (the cache's miss road)."""
     prepare_process()
     from mmscope.analyze import load
     from mmscope.analyze.report.analysis import analyze
 
-    return analyze(path, load(path, workers=workers), name_filter)
+    return analyze(path, load(path, workers=workers), name_filter, raw_names)
 
 
 def prepare_process() -> None:

@@ -200,10 +200,18 @@ def _add_kernels(sums: dict, work: DeviceWork, owner: np.ndarray, nodes,
         return
     n_names = len(work.names)
     key = node_of_row[owner[has]].astype(np.int64) * n_names + work.name[has]
-    groups, inverse = np.unique(key, return_inverse=True)
-    del key
-    total = np.bincount(inverse, weights=(work.end - work.start)[has]).astype(np.int64)
-    count = np.bincount(inverse).astype(np.int64)
+    duration = (work.end - work.start)[has]
+    if len(nodes) * n_names <= max(4 * len(key), 1 << 16):  # few pairs: a count per pair
+        # float64 adds integer nanoseconds exactly below 2**53 ns (104 days) a pair.
+        total = np.bincount(key, weights=duration, minlength=len(nodes) * n_names)
+        count = np.bincount(key, minlength=len(nodes) * n_names)
+        groups = np.flatnonzero(count)
+        total, count = total[groups].astype(np.int64), count[groups]
+    else:
+        groups, inverse = np.unique(key, return_inverse=True)
+        total = np.bincount(inverse, weights=duration).astype(np.int64)
+        count = np.bincount(inverse)
+    del key, duration
     node, name = groups // n_names, groups % n_names
     while len(node):  # up the stage tree: few (node, name) pairs, whatever the ops
         for s_, n_, t_, c_ in zip(nodes.stage[node].tolist(), name.tolist(), total.tolist(),

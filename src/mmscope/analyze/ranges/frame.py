@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.ranges import device, processes, stats, steps, tree
+from mmscope.analyze.ranges import device, families, processes, steps, tree
 from mmscope.analyze.ranges.nesting import dense_codes
 from mmscope.analyze.ranges.table import RangeTable
 
@@ -19,8 +19,9 @@ from mmscope.analyze.ranges.table import RangeTable
 @dataclass
 class Frame:
     table: RangeTable
-    stages: list[str]            # stage names (every step_meta name folded into one)
+    stages: list[str]            # stage names (every step_meta name folded into one, families)
     stage_of_name: np.ndarray    # canonical name id -> stage id
+    families: list               # per stage: (pattern, distinct names) of a family, or None
     processes: list[dict]        # processes.describe
     roles: list[str]             # role labels, in the order of the tree's roots
     nodes: tree.Nodes
@@ -28,11 +29,12 @@ class Frame:
     kernels: dict[int, list[dict]]  # per stage id, its top kernels (none without a device side)
 
 
-def build(table: RangeTable) -> Frame:
+def build(table: RangeTable, raw_names: bool = False) -> Frame:
     """`ranges` holds every range: stage, node, thread, start, end, parent row; and where the
-    profile has a device side device_ns (-1: none) and kernel_ns (device.per_range)."""
+    profile has a device side device_ns (-1: none) and kernel_ns (device.per_range). Names that
+    differ only in numbers are one stage (families.py) unless `raw_names`."""
     _find_catalogue_rows(table)
-    stage_list, stage_of_name = stats.stage_names(table.names)
+    stage_list, stage_of_name, families_ = families.stage_names(table.names, raw_names)
     stage = stage_of_name[table.name_id]
     thread_code, threads = dense_codes(table.thread)
     procs = processes.describe(table, stage_list, stage, thread_code, threads)
@@ -49,7 +51,7 @@ def build(table: RangeTable) -> Frame:
         got = device.per_range(table)
         ranges.update(device_ns=got.device_ns, kernel_ns=got.kernel_ns)
         kernels = device.kernels_by_stage(table.device, got.owners, nodes, nodes.of_row)
-    return Frame(table=table, stages=stage_list, stage_of_name=stage_of_name,
+    return Frame(table=table, stages=stage_list, stage_of_name=stage_of_name, families=families_,
                  processes=procs, roles=roles, nodes=nodes, ranges=ranges, kernels=kernels)
 
 

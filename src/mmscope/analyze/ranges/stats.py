@@ -6,23 +6,15 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-
-from mmscope import stages
 from mmscope.analyze.ranges.figures import figures
 
 FIGURES = ("count", "total_ns", "self_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "min_ns",
            "max_ns", "device_ns", "kernel_ns")
 
 
-def stage_names(names: list[str]) -> tuple[list[str], np.ndarray]:
-    """Stage list and the map name id -> stage id (step_meta names fold into one stage)."""
-    index: dict[str, int] = {}
-    prefix = stages.STEP_META_PREFIX
-    # One list, then one array: a numpy item assignment per name costs more than the lookup.
-    codes = [index.setdefault(stages.STEP_META_STAGE if name.startswith(prefix) else name, len(index))
-             for name in names]
-    return list(index), np.array(codes, dtype=np.int32).reshape(len(names))
+def family_doc(family) -> dict | None:
+    """A stage's family as the JSON says it: its pattern and how many distinct names it holds."""
+    return None if family is None else {"pattern": family[0], "names": family[1]}
 
 
 def aggregate(frame) -> tuple[dict[int, dict], dict[int, dict]]:
@@ -57,7 +49,8 @@ def flat(frame, by_node: dict, by_stage: dict, name_filter: str | None = None) -
         if pattern and not pattern.search(name):
             continue
         row = {"name": name, **figures, "parent": None, "share_of_parent": None,
-               "in_parent": None, "parent_count": None, "kernels": frame.kernels.get(s, [])}
+               "in_parent": None, "parent_count": None, "kernels": frame.kernels.get(s, []),
+               "family": family_doc(frame.families[s])}
         if s in usual:
             parent, count, time = usual[s]
             whole = by_stage[parent]["total_ns"]
@@ -97,7 +90,8 @@ def tree(frame, by_node: dict, name_filter: str | None = None) -> list[dict]:
                           / by_node[up]["total_ns"], 6)
         out.append({"id": ids[k], "parent": ids.get(up), "role": frame.roles[nodes.role[k]],
                     "name": frame.stages[nodes.stage[k]], "depth": int(nodes.depth[k]),
-                    **figures, "share_of_parent": share})
+                    **figures, "share_of_parent": share,
+                    "family": family_doc(frame.families[nodes.stage[k]])})
     return out
 
 

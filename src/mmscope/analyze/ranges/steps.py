@@ -6,9 +6,6 @@ report's per-step view read.
 """
 from __future__ import annotations
 
-import itertools
-import re
-
 import numpy as np
 
 from mmscope import stages
@@ -16,20 +13,6 @@ from mmscope.analyze.ranges.figures import nearest_rank
 from mmscope.analyze.ranges.table import RangeTable, asof, enclosing
 
 SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
-
-
-def _lines_pattern() -> re.Pattern | None:
-    """`stages.parse_step_meta`'s regex for many names at once, one per line: the same groups,
-    empty where a line is no step_meta. None where that regex is not of the `^...$` form."""
-    rx = getattr(stages, "_STEP_META_RE", None)
-    pattern = getattr(rx, "pattern", "")
-    if (not isinstance(pattern, str) or not pattern.startswith("^") or not pattern.endswith("$")
-            or rx.groups != 4 or rx.flags != re.UNICODE):
-        return None
-    return re.compile(f"^(?:{pattern[1:-1]}|.*)$", re.M)
-
-
-_STEP_META_LINES = _lines_pattern()
 
 
 def step_meta_shapes(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
@@ -58,16 +41,19 @@ def step_meta_rows(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
 def _parse_shapes(names: list[str]) -> np.ndarray:
     """(prefill, decode, total, reqs) of each name, -1s where it is no step_meta.
 
-    Every profile step has its own step_meta name (hundreds of thousands in a long run), so they
-    are matched in one pass over their joined text and their numbers parsed in one call; names
-    where that could differ from `stages.parse_step_meta` (non-ASCII digits, line breaks, numbers
-    past int64) go one by one, and so do all when a sample disagrees with it."""
-    out = _parse_joined(names)
-    if out is not None:
-        return out
+    Every profile step has its own step_meta name (hundreds of thousands in a long run): they are
+    matched with `stages.parse_step_meta`'s pattern in one vectorized call; a name that matches
+    but whose numbers do not read as int64 (other digits, too long) goes through it by itself."""
+    import polars as pl
+
+    found = pl.Series(names, dtype=pl.String).str.extract_groups(stages.STEP_META_PATTERN)
+    matched = found.struct.field("1").is_not_null().to_numpy()
     out = np.full((len(names), 4), -1, dtype=np.int64)
-    for j, name in enumerate(names):
-        out[j] = _shape_of(name)
+    fields = [found.struct.field(str(k + 1)).cast(pl.Int64, strict=False) for k in range(4)]
+    values = np.stack([f.fill_null(-1).to_numpy() for f in fields], axis=1)
+    out[matched] = values[matched]
+    for j in np.flatnonzero(matched & (values < 0).any(axis=1)).tolist():
+        out[j] = _shape_of(names[j])
     return out
 
 
@@ -75,33 +61,6 @@ def _shape_of(name: str) -> tuple[int, int, int, int]:
     shape = stages.parse_step_meta(name)
     return (-1, -1, -1, -1) if shape is None else (shape.prefill, shape.decode, shape.total,
                                                     shape.reqs)
-
-
-def _parse_joined(names: list[str]) -> np.ndarray | None:
-    text = "\n".join(names)
-    if (_STEP_META_LINES is None or not names or not text.isascii()
-            or text.count("\n") != len(names) - 1):
-        return None
-    out = _parse_regex(names, text)
-    if out is None:
-        return None
-    sample = {0, len(names) // 2, len(names) - 1}
-    if any(tuple(out[j].tolist()) != _shape_of(names[j]) for j in sample):
-        return None
-    return out
-
-
-def _parse_regex(names: list[str], text: str) -> np.ndarray | None:
-    found = _STEP_META_LINES.findall(text)
-    digits = list(itertools.chain.from_iterable(f for f in found if f[0]))
-    if len(found) != len(names) or max(map(len, digits), default=0) > 18:
-        return None
-    values = np.fromstring(" ".join(digits), dtype=np.int64, sep=" ")
-    if len(values) != len(digits):
-        return None
-    out = np.full((len(names), 4), -1, dtype=np.int64)
-    out[np.fromiter((f[0] != "" for f in found), bool, len(found))] = values.reshape(-1, 4)
-    return out
 
 
 KINDS = ("prefill", "decode", "mixed", "idle", "unknown")  # unknown: no step_meta joined

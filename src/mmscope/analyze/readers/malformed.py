@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 CHECK = "events are well formed (malformed ones skipped)"
 MOSTLY = 0.5  # a profile whose events are more than this share malformed fails the check
 
@@ -29,9 +27,11 @@ class Skipped:
         return {"skipped": self.count, "events": self.events, "first": self.first or None}
 
 
-def nsys_said(bad: np.ndarray, start: np.ndarray, end: np.ndarray, thread: np.ndarray,
-              names: list[str], name_code: np.ndarray, events: int) -> Skipped:
-    """The NVTX rows that are ranges or marks with no start, or an end before their start."""
+def nsys_said(bad, start, end, thread, names: list[str], name_code, events: int) -> Skipped:
+    """The NVTX rows that are ranges or marks with no start, or an end before their start
+    (numpy columns; `bad` marks them)."""
+    import numpy as np
+
     said = Skipped(count=int(np.count_nonzero(bad)), events=events)
     if said.count:
         row = int(np.flatnonzero(bad)[0])

@@ -39,10 +39,11 @@ class Analysis:
         return cls(path=path, **{**{k: doc[k] for k in DOC_KEYS}, "profile": profile})
 
 
-def analyze(path: str, table, name_filter: str | None = None) -> Analysis:
+def analyze(path: str, table, name_filter: str | None = None,
+            raw_names: bool = False) -> Analysis:
     from mmscope.analyze.ranges import benefit, checks, frame, per_step, stats, steps
 
-    built = frame.build(table)
+    built = frame.build(table, raw_names)
     by_node, by_stage = stats.aggregate(built)
     pairs = steps.step_join(built)
     step_table = steps.steps_of(built, pairs)
@@ -50,14 +51,24 @@ def analyze(path: str, table, name_filter: str | None = None) -> Analysis:
         path=path, profile=profile_info(path, built),
         tree=stats.tree(built, by_node, name_filter),
         stages=stats.flat(built, by_node, by_stage, name_filter),
-        checks=checks.run_all(built, pairs), steps=steps.summary(built, pairs),
+        checks=checks.run_all(built, pairs) + _malformed_check(table),
+        steps=steps.summary(built, pairs),
         cache_benefit=benefit.cache_benefit(built, step_table),
         per_step=per_step.per_step(built, step_table))
+
+
+def _malformed_check(table) -> list[dict]:
+    """The check on the events the reader skipped, where it skipped any."""
+    from mmscope.analyze.readers import malformed
+
+    found = malformed.check(table.malformed.doc() if table.malformed else None)
+    return [found] if found else []
 
 
 def profile_info(path: str, built) -> dict:
     from mmscope.analyze.ranges import device
     from mmscope.analyze.ranges.table import MARK
+    from mmscope.analyze.readers import malformed
 
     table = built.table
     work = table.device
@@ -70,16 +81,17 @@ def profile_info(path: str, built) -> dict:
             "threads": sum(len(p["threads"]) for p in built.processes),
             "processes": built.processes, "roles": built.roles,
             "span_ns": int(table.end.max() - table.start.min()) if n else 0,
+            "malformed": (table.malformed or malformed.Skipped(events=n)).doc(),
             "slack_ns": table.slack_ns,
             "device": ({"available": False, "reason": table.no_device} if work is None else
                        {"available": True, "source": work.source, "ops": len(work),
                         "streams": device.streams(work)})}
 
 
-def stage_stats(table, name_filter: str | None = None) -> list[dict]:
+def stage_stats(table, name_filter: str | None = None, raw_names: bool = False) -> list[dict]:
     """The flat per-stage table of a range table (what `mmscope compare` compares)."""
     from mmscope.analyze.ranges import frame, stats
 
-    built = frame.build(table)
+    built = frame.build(table, raw_names)
     by_node, by_stage = stats.aggregate(built)
     return stats.flat(built, by_node, by_stage, name_filter)

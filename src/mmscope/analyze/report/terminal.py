@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 
+from mmscope.analyze.readers import malformed
 from mmscope.analyze.report.analysis import Analysis
 from mmscope.analyze.report.text import (catalogued, device_text, fmt_ns, fmt_share,
                                          tree_prefixes, where_text)
@@ -25,23 +26,43 @@ def write_csv(analysis: Analysis, path: str) -> None:
 
 
 def make_console():
-    """A rich console; piped output gets wide lines rather than 80 columns of wrapped names."""
+    """A rich console that reads no markup (names are printed as written); piped output gets
+    wide lines rather than 80 columns of wrapped names."""
     import sys
 
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    width = None if sys.stdout.isatty() else 160
+    return Console(width=width, markup=False, highlight=False)
+
+
+def text(plain: str, style: str = ""):
+    """A line or cell as written, whatever brackets it holds (rich reads none of it)."""
+    from rich.text import Text
+
+    return Text(plain, style=style)
+
+
+def named(row: dict) -> str:
+    """A stage as the tables show it: a family says how many names it holds."""
+    family = row.get("family")
+    return row["name"] + (f"  ({family['names']} names)" if family else "")
 
 
 def print_terminal(analysis: Analysis, console=None, flat: bool = False) -> None:
+    from rich.text import Text
+
     console = console or make_console()
     info = analysis.profile
-    console.print(f"[bold]{info['path']}[/bold]  {info['format']}  {info['ranges']} ranges, "
-                  f"{info['threads']} threads, {len(info['processes'])} processes, "
-                  f"span {fmt_ns(info['span_ns'])}"
-                  + (f", {info['unclosed']} unclosed" if info["unclosed"] else ""),
-                  highlight=False)
-    console.print(device_text(info["device"]), highlight=False)
+    console.print(Text.assemble((info["path"], "bold"), f"  {info['format']}  {info['ranges']} "
+                                f"ranges, {info['threads']} threads, "
+                                f"{len(info['processes'])} processes, "
+                                f"span {fmt_ns(info['span_ns'])}"
+                                + (f", {info['unclosed']} unclosed" if info["unclosed"] else "")))
+    console.print(text(device_text(info["device"])))
+    skipped = malformed.line(info.get("malformed"))
+    if skipped:
+        console.print(text(skipped, "yellow"))
     on_device = info["device"]["available"]
     if flat:
         console.print(_stage_table(analysis.stages, on_device))
@@ -49,12 +70,12 @@ def print_terminal(analysis: Analysis, console=None, flat: bool = False) -> None
         for role in info["roles"]:
             console.print(_tree_table(role, info["processes"], analysis.tree, on_device))
     for c in analysis.checks:
-        mark = "[green]ok[/green]  " if c["ok"] else "[red]FAIL[/red]"
-        console.print(f"{mark} {c['name']}: {c['detail']}", highlight=False)
-    console.print(_steps_text(analysis.steps), highlight=False)
-    console.print(_benefit_text(analysis.cache_benefit), highlight=False)
+        mark = ("ok  ", "green") if c["ok"] else ("FAIL", "red")
+        console.print(Text.assemble(mark, f" {c['name']}: {c['detail']}"))
+    console.print(text(_steps_text(analysis.steps)))
+    console.print(text(_benefit_text(analysis.cache_benefit)))
     if analysis.cache:
-        console.print(_cache_text(analysis.cache), highlight=False)
+        console.print(text(_cache_text(analysis.cache)))
 
 
 def _tree_table(role: str, processes: list[dict], nodes: list[dict], on_device: bool):
@@ -72,18 +93,18 @@ def _tree_table(role: str, processes: list[dict], nodes: list[dict], on_device: 
     shown = [n for n in mine if n["id"] in kept]
     hidden = len(mine) - len(shown)
     if not shown:
-        return (f"{role}: {where_text(role, processes)}: {hidden} nodes outside the stage "
-                f"catalogue, each under {100 * TREE_MIN_SHARE:g}% of the role's time")
-    t = Table(title=f"{role}: {where_text(role, processes)}", title_justify="left",
-              caption=(f"{hidden} nodes outside the stage catalogue under "
-                       f"{100 * TREE_MIN_SHARE:g}% of the role's time not shown (--json, --html "
-                       "and --flat show every one)") if hidden else None,
+        return text(f"{role}: {where_text(role, processes)}: {hidden} nodes outside the stage "
+                    f"catalogue, each under {100 * TREE_MIN_SHARE:g}% of the role's time")
+    t = Table(title=text(f"{role}: {where_text(role, processes)}"), title_justify="left",
+              caption=text(f"{hidden} nodes outside the stage catalogue under "
+                           f"{100 * TREE_MIN_SHARE:g}% of the role's time not shown (--json, "
+                           "--html and --flat show every one)") if hidden else None,
               caption_justify="left")
     for col in ("stage", "count", "total", "self") + DEVICE_COLUMNS * on_device + (
             "mean", "p50", "p90", "p99", "% of parent"):
         t.add_column(col, justify="left" if col == "stage" else "right")
     for prefix, n in zip(tree_prefixes(shown), shown):
-        t.add_row(prefix + n["name"], str(n["count"]), fmt_ns(n["total_ns"]),
+        t.add_row(text(prefix + named(n)), str(n["count"]), fmt_ns(n["total_ns"]),
                   fmt_ns(n["self_ns"]), *_device_cells(n, on_device), fmt_ns(n["mean_ns"]),
                   fmt_ns(n["p50_ns"]), fmt_ns(n["p90_ns"]), fmt_ns(n["p99_ns"]),
                   fmt_share(n["share_of_parent"]))
@@ -107,11 +128,11 @@ def _stage_table(rows: list[dict], on_device: bool):
     for r in rows:
         parent = "" if r["parent"] is None else (
             f"{r['parent']} ({r['in_parent']} in {r['parent_count']})")
-        t.add_row(r["name"], str(r["count"]), fmt_ns(r["total_ns"]), fmt_ns(r["self_ns"]),
+        t.add_row(text(named(r)), str(r["count"]), fmt_ns(r["total_ns"]), fmt_ns(r["self_ns"]),
                   *_device_cells(r, on_device),
                   fmt_ns(r["mean_ns"]), fmt_ns(r["p50_ns"]), fmt_ns(r["p90_ns"]),
                   fmt_ns(r["p99_ns"]), fmt_ns(r["max_ns"]), fmt_share(r["share_of_parent"]),
-                  parent)
+                  text(parent))
     return t
 
 
