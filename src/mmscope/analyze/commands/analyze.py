@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", metavar="PAGE",
                         help="the encoder cache's counters and time to first token by part from "
                         "a vLLM /metrics page: a saved file or the server's URL")
+    parser.add_argument("--timeout", type=_timeout, default=10.0, metavar="SECONDS",
+                        help="how long --metrics waits for a server's answer (default: 10)")
     parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
     parser.add_argument("--raw-names", action="store_true",
                         help="one stage per range name as written (default: names that differ "
@@ -36,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true",
                         help="analyze the file even if the analysis cache holds it (and do not "
                         "store the result)")
+
+
+def _timeout(text: str) -> float:
+    from mmscope.analyze.readers.scrape import timeout
+
+    return timeout(text)
 
 
 def check_workers(workers: int | None) -> None:
@@ -65,7 +73,7 @@ def run(args) -> int:
     if args.metrics:
         from mmscope.analyze.readers import scrape
 
-        scraped = scrape.read(args.metrics)
+        scraped = scrape.read(args.metrics, args.timeout)
     # The key first: a warm run answers before numpy or polars are imported.
     key = None if args.no_cache else cache.key_for(args.profile, args.filter, args.raw_names)
     doc = cache.read(key)
