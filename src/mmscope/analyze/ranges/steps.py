@@ -131,10 +131,13 @@ def steps_of(frame, pairs: StepPairs) -> Steps:
     pre = table.rows_named(stages.PREPROCESS)
     pre = pre[np.argsort(table.start[pre], kind="stable")]
     forward = _forward_of(table, pre)
-    meta = np.full(len(table), -1, np.int64)
-    if len(pairs):
-        meta[pairs["forward_row"]] = pairs["meta_row"]
-    meta = np.where(forward >= 0, meta[np.maximum(forward, 0)], -1)
+    meta = np.full(len(pre), -1, np.int64)
+    if len(pairs):  # each step's forward among the joined ones: its step_meta
+        by_row = np.argsort(pairs["forward_row"])
+        at = np.searchsorted(pairs["forward_row"], forward, sorter=by_row)
+        at = by_row[np.minimum(at, len(by_row) - 1)]
+        hit = (forward >= 0) & (pairs["forward_row"][at] == forward)
+        meta[hit] = pairs["meta_row"][at[hit]]
     shapes = step_meta_rows(table)[1][table.name_id[np.maximum(meta, 0)]]
     shapes[meta < 0] = -1
     cols = {"pre": pre, "forward": forward, "meta": meta, "thread": table.thread[pre],
@@ -151,9 +154,10 @@ def _encoder_time(table: RangeTable, pre: np.ndarray) -> np.ndarray:
     vit = table.rows_named(stages.VIT_FORWARD)
     host = enclosing(table, pre, vit)
     inside = host >= 0
-    total = np.zeros(len(table), np.int64)
-    np.add.at(total, host[inside], table.end[vit[inside]] - table.start[vit[inside]])
-    return total[pre]
+    by_row = np.argsort(pre)
+    at = by_row[np.searchsorted(pre, host[inside], sorter=by_row)]
+    return np.bincount(at, weights=table.end[vit[inside]] - table.start[vit[inside]],
+                       minlength=len(pre)).astype(np.int64)
 
 
 def kind_codes(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from mmscope import stages
 from mmscope.analyze.ranges.nesting import NO_PARENT, dense_codes, depths, nest, position_type
@@ -97,7 +98,8 @@ class RangeTable:
         keys = [("names",) + g for g in groups if ("names",) + g not in self._cache]
         sets = {key: self.ids_of(*key[1:]) for key in keys}
         sets.update((k, v) for k, v in (id_sets or {}).items() if k not in self._cache)
-        slot_of = np.full(len(self.names), -1, np.int32)
+        # Few slots: 8 bits, which numpy's stable sort orders by radix, in one pass.
+        slot_of = np.full(len(self.names), -1, np.int8 if len(sets) < 127 else np.int32)
         slots = []
         for key, ids in sets.items():
             if (slot_of[ids] >= 0).any():
@@ -110,6 +112,7 @@ class RangeTable:
         rows = np.flatnonzero(slot >= 0)
         order = np.argsort(slot[rows], kind="stable")
         bounds = np.searchsorted(slot[rows][order], np.arange(len(slots) + 1))
+        rows = rows.astype(position_type(len(self)), copy=False)
         for j, key in enumerate(slots):
             self._cache[key] = rows[order[bounds[j]:bounds[j + 1]]]
 
@@ -325,20 +328,22 @@ def packed_order(g: np.ndarray, ks: np.ndarray):
     return order, sk
 
 
+@njit(cache=True, nogil=True)
+def _climb(parent, is_outer, inner, found):
+    for j in range(len(inner)):
+        up = parent[inner[j]]
+        while up >= 0 and not is_outer[up]:
+            up = parent[up]
+        found[j] = up
+
+
 def enclosing(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """For each inner row, its nearest ancestor among the outer rows (-1 if none): the
-    containment the nesting found, climbed one level a round."""
+    containment the nesting found, each parent chain climbed in one compiled pass."""
     found = np.full(len(inner), NO_PARENT, dtype=np.int64)
     if len(inner) == 0 or len(outer) == 0:
         return found
     is_outer = np.zeros(len(table), bool)
     is_outer[outer] = True
-    pending = np.arange(len(inner))
-    up = table.parent[inner]
-    while len(pending):
-        live = up >= 0
-        pending, up = pending[live], up[live]
-        hit = is_outer[up]
-        found[pending[hit]] = up[hit]
-        pending, up = pending[~hit], table.parent[up[~hit]]
+    _climb(table.parent, is_outer, np.asarray(inner), found)
     return found

@@ -34,73 +34,43 @@ class Nodes:
 
 
 @njit(cache=True, nogil=True)
-def _grow(keys, ids, made, node_parent, node_stage, node_role):
-    """The node table rehashed at twice its size, and the per-node arrays with room."""
-    slots = 2 * len(keys)
-    mask = slots - 1
-    new_keys = np.empty(slots, np.int64)
-    new_ids = np.full(slots, -1, np.int64)
-    for h in range(len(keys)):
-        if ids[h] >= 0:
-            j = ((keys[h] * -7046029254386353131) >> 20) & mask
-            while new_ids[j] >= 0:
-                j = (j + 1) & mask
-            new_keys[j] = keys[h]
-            new_ids[j] = ids[h]
-    room = slots // 2
-    parents = np.empty(room, np.int64)
-    parents[:made] = node_parent[:made]
-    stages_ = np.empty(room, np.int64)
-    stages_[:made] = node_stage[:made]
-    roles = np.empty(room, np.int64)
-    roles[:made] = node_role[:made]
-    return new_keys, new_ids, parents, stages_, roles
-
-
-@njit(cache=True, nogil=True)
-def _node_pass(walk, parent, stage, thread_code, role_of_thread, n_stages, n_roles, of_row):
+def _node_pass(walk, parent, stage, thread_code, role_of_thread, n_stages, n_roles, of_row,
+               node_parent, node_stage, node_role):
     """Rows in `walk` (parents before children): a root's node is (role, stage), another's
-    (its parent's node, stage). Returns the nodes' parent, stage and role (in creation order)."""
-    slots = 1 << 12
+    (its parent's node, stage); the nodes' parent, stage and role in creation order. Returns
+    how many nodes, or -1 where they outgrow the arrays (the caller gives more room)."""
+    room = len(node_parent)
+    slots = 4 * room  # a power of two: at most a quarter full
+    mask = slots - 1
     keys = np.empty(slots, np.int64)
     ids = np.full(slots, -1, np.int64)
-    node_parent = np.empty(slots // 2, np.int64)
-    node_stage = np.empty(slots // 2, np.int64)
-    node_role = np.empty(slots // 2, np.int64)
     made = 0
     roots = n_roles * n_stages
     for k in range(len(walk)):
         i = walk[k]
         p = parent[i]
-        s = stage[i]
         if p < 0:
             role = role_of_thread[thread_code[i]]
-            key = role * n_stages + s
+            key = role * n_stages + stage[i]
             up = -1
         else:
             up = of_row[p]
             role = node_role[up]
-            key = roots + up * n_stages + s
-        mask = len(keys) - 1
+            key = roots + up * n_stages + stage[i]
         h = ((key * -7046029254386353131) >> 20) & mask
         while ids[h] >= 0 and keys[h] != key:
             h = (h + 1) & mask
         if ids[h] < 0:
-            if 2 * (made + 1) > len(keys):
-                keys, ids, node_parent, node_stage, node_role = _grow(
-                    keys, ids, made, node_parent, node_stage, node_role)
-                mask = len(keys) - 1
-                h = ((key * -7046029254386353131) >> 20) & mask
-                while ids[h] >= 0:
-                    h = (h + 1) & mask
+            if made == room:
+                return -1
             keys[h] = key
             ids[h] = made
             node_parent[made] = up
-            node_stage[made] = s
+            node_stage[made] = stage[i]
             node_role[made] = role
             made += 1
         of_row[i] = ids[h]
-    return node_parent[:made], node_stage[:made], node_role[:made]
+    return made
 
 
 def build(table: RangeTable, stage_of_row: np.ndarray, thread_code: np.ndarray,
@@ -110,8 +80,16 @@ def build(table: RangeTable, stage_of_row: np.ndarray, thread_code: np.ndarray,
     n = len(table)
     of_row = np.empty(n, np.int32)
     walk = walk_of(n, table.order)
-    parent, stage, role = _node_pass(walk, table.parent, stage_of_row, thread_code,
-                                     role_of_thread.astype(np.int64), n_stages, n_roles, of_row)
+    room = 1 << 12
+    while True:
+        parent, stage, role = (np.empty(room, np.int64) for _ in range(3))
+        made = _node_pass(walk, table.parent, stage_of_row, thread_code,
+                          role_of_thread.astype(np.int64), n_stages, n_roles, of_row, parent,
+                          stage, role)
+        if made >= 0:
+            break
+        room *= 16
+    parent, stage, role = parent[:made], stage[:made], role[:made]
     new, depth = _level_order(parent, stage, role, n_stages)
     parent = np.where(parent >= 0, new[np.maximum(parent, 0)], -1)
     order = np.argsort(new)
