@@ -47,7 +47,7 @@ STEP_META_PREFIX = "step_meta: "
 # for them all.
 STEP_META_STAGE = STEP_META_PREFIX.rstrip(": ")
 
-# The disjoint children of `preprocess` (the seed's tree).
+# The disjoint children of `preprocess` (docs/design.md §3).
 PREPROCESS_SIBLINGS = (EC_LOAD, VIT_FORWARD, EC_SAVE, GATHER_MM_EMBEDDINGS, EMBED_INPUT_IDS,
                        PREPARE_MM_INPUTS)
 

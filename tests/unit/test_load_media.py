@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 
 from mmscope.load import plan
-from mmscope.load.media import MediaOptions, Urls
+from mmscope.load.media_urls import MediaOptions, Urls
 from mmscope.load.media_server import MediaServer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import zipfile
 
-from mmscope.vllm import release_check as rc
+from mmscope.doctor import release_check as rc
 
 WHEEL = "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 

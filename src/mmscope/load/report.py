@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from mmscope import stages
-from mmscope.load import epd, media, series, ttft
+from mmscope.load import epd, media_urls, series, ttft_parts
 from mmscope.load.sweep import LevelResult
 
 
@@ -32,7 +32,7 @@ class RunInfo:
     image_size: tuple[int, int]
     embeds_per_image: int | None
     prefix: bool = False  # the prefix plan (whole requests repeated, images first)
-    media: media.MediaOptions = media.MediaOptions()
+    media: media_urls.MediaOptions = media_urls.MediaOptions()
     image_format: str = "png"
 
 
@@ -76,7 +76,7 @@ def media_json(level: LevelResult) -> dict:
     """Per source: the level's requests sent that way and their client TTFT, and what the server
     counted of their items; the http fetches planned against those answered and counted."""
     out = {}
-    for source, s in sorted(media.by_source(level.delta).items()):
+    for source, s in sorted(media_urls.by_source(level.delta).items()):
         ttfts = [r.timing.ttft_s for r in level.results if r.source == source]
         out[source] = {
             "requests": len(ttfts), "items": int(round(s["fetch_count"])),
@@ -123,7 +123,7 @@ def level_json(level: LevelResult) -> dict:
            for cache in series.OTHER_CACHES},
         "repeat_requests": sum(r.all_repeats for r in plan.requests),
         "ttft_ms": ttft_ms(level),
-        "ttft_parts": ttft.split(level.delta, [r.timing.ttft_s for r in level.results]),
+        "ttft_parts": ttft_parts.split(level.delta, [r.timing.ttft_s for r in level.results]),
         "media": media_json(level),
         "e2e_ms": {f"p{q}": _ms(percentile(e2e, q)) for q in (50, 90)},
         "wall_s": round(level.wall_s, 3),
@@ -157,7 +157,7 @@ def header(info: RunInfo, levels: list[LevelResult]) -> str:
             f"\nimages sent as {_media_line(info.media)}")
 
 
-def _media_line(options: media.MediaOptions) -> str:
+def _media_line(options: media_urls.MediaOptions) -> str:
     sent = " and ".join(options.sources) + (" (requests take turns)"
                                             if len(options.sources) > 1 else "")
     if not options.http:
@@ -172,13 +172,13 @@ def _count(n: int, noun: str) -> str:
 
 
 def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> None:
-    from rich.console import Console
+    from mmscope.console import report_console
 
-    console = console or Console(width=None if _is_tty() else 160)
+    console = console or report_console()
     rows = [level_json(lv) for lv in levels]
     console.print(header(info, levels), highlight=False)
     tables = [(MAIN_TITLE, _main_table(rows)), (CACHE_TITLE, _cache_table(rows))]
-    if any(r["ttft_parts"][o]["requests"] for r in rows for o in ttft.OUTCOMES):
+    if any(r["ttft_parts"][o]["requests"] for r in rows for o in ttft_parts.OUTCOMES):
         tables.append((TTFT_TITLE, _ttft_table(rows)))
     if any(r["media"]["by_source"] for r in rows):
         tables.append((MEDIA_TITLE, _media_table(rows)))
@@ -191,12 +191,6 @@ def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> No
         style = "" if level.verdict.ok else "bold red"
         console.print(f"reuse {level.plan.reuse:g}: {level.verdict.text}", style=style,
                       highlight=False)
-
-
-def _is_tty() -> bool:
-    import sys
-
-    return sys.stdout.isatty()
 
 
 def _num(value, fmt: str = "{:g}") -> str:
@@ -258,7 +252,7 @@ def _ttft_table(rows: list[dict]):
         table.add_column(name, justify="right")
     for r in rows:
         split = r["ttft_parts"]
-        for outcome in ttft.OUTCOMES:
+        for outcome in ttft_parts.OUTCOMES:
             o = split[outcome]
             if not o["requests"]:
                 continue

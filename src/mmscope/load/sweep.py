@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from mmscope.expose import readout
 from mmscope.errors import UserError
-from mmscope.load import epd, media, series
+from mmscope.load import epd, media_urls, series
 from mmscope.load.client import Server, Timing
 from mmscope.load.plan import PROBE_LEVEL, LevelPlan, PlannedRequest, Workload
 from mmscope.load.verdict import Observed, Verdict, capacity_allows, judge
@@ -29,7 +29,7 @@ class Target:
 class RequestResult:
     request: PlannedRequest
     timing: Timing
-    source: str = media.DATA_URL  # how its images were sent
+    source: str = media_urls.DATA_URL  # how its images were sent
 
 
 @dataclass
@@ -40,7 +40,7 @@ class LevelResult:
     delta: dict[str, float]
     capacity_embeds: int | None
     embeds_per_image: int | None
-    fetches: media.Fetches | None = None  # with --media http
+    fetches: media_urls.Fetches | None = None  # with --media http
 
     def count(self, key: str) -> int:
         return int(round(self.delta.get(key, 0.0)))
@@ -95,7 +95,7 @@ async def _embeds_per_image(server: Server, model: str, workload: Workload,
 
 
 async def run_level(server: Server, target: Target, workload: Workload, plan: LevelPlan,
-                    concurrency: int, max_tokens: int, urls: media.Urls,
+                    concurrency: int, max_tokens: int, urls: media_urls.Urls,
                     on_done=None) -> LevelResult:
     # Render first: image encoding must not count as the server's time to first token.
     sent = {r.index: urls.of(plan, r) for r in plan.requests}
@@ -111,7 +111,7 @@ async def run_level(server: Server, target: Target, workload: Workload, plan: Le
     fetches = None
     if media_server:
         now = media_server.counts()
-        fetches = media.fetches(delta, urls.planned(plan), (now[0] - served[0], now[1] - served[1]))
+        fetches = media_urls.fetches(delta, urls.planned(plan), (now[0] - served[0], now[1] - served[1]))
     workload.forget(plan.level)
     urls.forget(plan.level)
     capacity = int(after.get(series.CAPACITY, 0)) or None

@@ -26,14 +26,10 @@ def write_csv(analysis: Analysis, path: str) -> None:
 
 
 def make_console():
-    """A rich console that reads no markup (names are printed as written); piped output gets
-    wide lines rather than 80 columns of wrapped names."""
-    import sys
+    """The commands' report console, reading no markup: names are printed as written."""
+    from mmscope.console import report_console
 
-    from rich.console import Console
-
-    width = None if sys.stdout.isatty() else 160
-    return Console(width=width, markup=False, highlight=False)
+    return report_console(markup=False, highlight=False)
 
 
 def text(plain: str, style: str = ""):
