@@ -28,16 +28,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "a vLLM /metrics page: a saved file or the server's URL")
     parser.add_argument("--timeout", type=_timeout, default=10.0, metavar="SECONDS",
                         help="how long --metrics waits for a server's answer (default: 10)")
+    add_stage_options(parser)
+    parser.add_argument("--no-cache", action="store_true",
+                        help="analyze the file even if the analysis cache holds it (and do not "
+                        "store the result)")
+
+
+def add_stage_options(parser: argparse.ArgumentParser) -> None:
+    """The options of which stages a profile has and how it is read (analyze and compare)."""
     parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
     parser.add_argument("--raw-names", action="store_true",
                         help="one stage per range name as written (default: names that differ "
                         "only in numbers, such as torch's `aten::to, seq = 12, op_id = 99`, are "
                         "one stage, their family)")
     parser.add_argument("--workers", type=int, metavar="N",
-                        help="threads reading an SQLite file (default: one per core)")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="analyze the file even if the analysis cache holds it (and do not "
-                        "store the result)")
+                        help="rowid ranges of an SQLite file read at once, one thread each "
+                        "(default: 2)")
 
 
 def _timeout(text: str) -> float:

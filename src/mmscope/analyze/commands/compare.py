@@ -14,16 +14,12 @@ MOVED_MIN_COUNT = 2    # a single range is no mean to compare
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from mmscope.analyze.commands.analyze import add_stage_options
+
     parser.add_argument("base", help="the baseline profile")
     parser.add_argument("new", help="the profile to compare against it")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
-    parser.add_argument("--raw-names", action="store_true",
-                        help="one stage per range name as written (default: names that differ "
-                        "only in numbers, such as torch's `aten::to, seq = 12, op_id = 99`, are "
-                        "one stage, their family)")
-    parser.add_argument("--workers", type=int, metavar="N",
-                        help="threads reading an SQLite file (default: one per core)")
+    add_stage_options(parser)
     parser.add_argument("--no-cache", action="store_true",
                         help="compute both stage tables even where the analysis cache holds them")
 

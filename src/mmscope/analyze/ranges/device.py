@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from mmscope.analyze.ranges.nesting import position_type, walk_of
+from mmscope.analyze.ranges.nesting import offsets, position_type, walk_of
 
 NONE = -1  # no device work: first and last of a range without ops
 _UNSET = np.iinfo(np.int64).max  # first while it is computed: min() takes any start over it
@@ -64,11 +64,7 @@ class PerRange:
 @njit(cache=True, nogil=True)
 def _by_group(walk, group, n_groups):
     """The rows of each nesting group in nesting order: rows[off[g]:off[g + 1]]."""
-    off = np.zeros(n_groups + 1, np.int64)
-    for k in range(len(walk)):
-        off[group[walk[k]] + 1] += 1
-    for g in range(n_groups):
-        off[g + 1] += off[g]
+    off = offsets(group, n_groups)
     at = off[:n_groups].copy()
     rows = np.empty(len(walk), walk.dtype)
     for k in range(len(walk)):

@@ -9,6 +9,8 @@ import math
 import numpy as np
 from numba import njit
 
+from mmscope.analyze.ranges.nesting import offsets
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -74,11 +76,7 @@ def _select(a, lo, hi, k):
 def _quantiles(start, end, key, n_keys, ranks, out):
     """Per key the durations of rank ranks[key, j] (0-based, ranks descending per key) into
     out[key, j]: the durations grouped by key, then selected in place."""
-    count = np.zeros(n_keys + 1, np.int64)
-    for i in range(len(key)):
-        count[key[i] + 1] += 1
-    for k in range(n_keys):
-        count[k + 1] += count[k]
+    count = offsets(key, n_keys)
     at = count[:n_keys].copy()
     grouped = np.empty(len(key), np.int64)
     for i in range(len(key)):

@@ -103,6 +103,18 @@ def _stack_pass(order, group, start, end, slack, n_groups, parent, crossing):
         top[g] = i
 
 
+@njit(cache=True, nogil=True)
+def offsets(labels, n_labels):
+    """Where each label's rows start once grouped by label: rows of label g at
+    [off[g], off[g + 1]) (a counting sort's first half)."""
+    off = np.zeros(n_labels + 1, np.int64)
+    for i in range(len(labels)):
+        off[labels[i] + 1] += 1
+    for g in range(n_labels):
+        off[g + 1] += off[g]
+    return off
+
+
 def position_type(n: int):
     """Row positions in 32 bits where they fit: half the memory and bandwidth of int64."""
     return np.int32 if n < (1 << 31) - 1 else np.int64
