@@ -240,7 +240,8 @@ for table, cols in tables:
     cuts = [lo + (hi - lo) * k // parts for k in range(parts + 1)]
     out = [None] * parts
     def read(k):
-        out[k] = frame(f"SELECT {cols} FROM {table} WHERE rowid > {cuts[k]} AND rowid <= {cuts[k + 1]}")
+        out[k] = frame(f"SELECT {cols} FROM {table} "
+                       f"WHERE rowid > {cuts[k]} AND rowid <= {cuts[k + 1]}")
     threads = [threading.Thread(target=read, args=(k,)) for k in range(parts)]
     for th in threads: th.start()
     for th in threads: th.join()
@@ -257,7 +258,8 @@ import sqlite3
 t = time.perf_counter()
 rows = 0
 for table, cols in tables:
-    lo, hi = sqlite3.connect(path).execute(f"SELECT min(rowid) - 1, max(rowid) FROM {table}").fetchone()
+    lo, hi = sqlite3.connect(path).execute(
+        f"SELECT min(rowid) - 1, max(rowid) FROM {table}").fetchone()
     cuts = [lo + (hi - lo) * k // parts for k in range(parts + 1)]
     got = cx.read_sql("sqlite://" + path, [f"SELECT {cols} FROM {table} WHERE rowid > {cuts[k]} "
                                            f"AND rowid <= {cuts[k + 1]}" for k in range(parts)],
@@ -381,7 +383,8 @@ def ensure_peer() -> str | None:
         print(f"peer: creating {PEER_VENV} (python3 -m venv)", file=sys.stderr)
         if not _run_step(["python3", "-m", "venv", str(PEER_VENV)]):
             return None
-    if subprocess.run([str(python), "-c", "import nsys_ai, duckdb_extension_sqlite_scanner, connectorx"],
+    if subprocess.run([str(python), "-c",
+                       "import nsys_ai, duckdb_extension_sqlite_scanner, connectorx"],
                       capture_output=True).returncode != 0:
         print(f"peer: installing {' '.join(PEER_PACKAGES)} into {PEER_VENV} from PyPI",
               file=sys.stderr)
