@@ -12,7 +12,6 @@ import numpy as np
 
 from mmscope import stages
 from mmscope.analyze.ranges import device, families, processes, steps, tree
-from mmscope.analyze.ranges.nesting import dense_codes
 from mmscope.analyze.ranges.table import RangeTable
 
 
@@ -36,7 +35,9 @@ def build(table: RangeTable, raw_names: bool = False) -> Frame:
     _find_catalogue_rows(table)
     stage_list, stage_of_name, families_ = families.stage_names(table.names, raw_names)
     stage = stage_of_name[table.name_id]
-    thread_code, threads = dense_codes(table.thread)
+    # Each row's thread index: its nesting group's, which counts threads first.
+    threads = table.threads
+    thread_code = table.group if table.n_subs == 1 else table.group // table.n_subs
     procs = processes.describe(table, stage_list, stage, thread_code, threads)
     roles = _role_order({p["role"] for p in procs})
     role_of_pid = {p["pid"]: roles.index(p["role"]) for p in procs}

@@ -10,6 +10,7 @@ import numpy as np
 
 from mmscope import stages
 from mmscope.analyze.ranges.figures import nearest_rank
+from mmscope.analyze.ranges.nesting import position_type
 from mmscope.analyze.ranges.table import RangeTable, asof, enclosing
 
 SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
@@ -98,7 +99,7 @@ def step_join(frame) -> StepPairs:
     fwd, meta = fwd[joined], metas[at[joined]]
     del at, joined
     order = np.argsort(table.start[fwd], kind="stable")  # fwd in row order: ties stay by row
-    fwd, meta = fwd[order].astype(np.int64), meta[order].astype(np.int64)
+    fwd, meta = fwd[order], meta[order]  # row positions, in 32 bits where they fit
     start = table.start[fwd]
     ids = table.name_id[meta]
     return StepPairs({"forward_row": fwd, "meta_row": meta, "thread": table.thread[fwd],
@@ -115,7 +116,7 @@ def _forward_of(table: RangeTable, pre: np.ndarray) -> np.ndarray:
     joined = at >= 0
     at, fwd = at[joined], fwd[joined]
     steps, first = np.unique(at, return_index=True)  # the first of each in (start, row) order
-    forward = np.full(len(pre), -1, np.int64)
+    forward = np.full(len(pre), -1, position_type(len(table)))
     forward[steps] = fwd[first]
     return forward
 
@@ -131,7 +132,7 @@ def steps_of(frame, pairs: StepPairs) -> Steps:
     pre = table.rows_named(stages.PREPROCESS)
     pre = pre[np.argsort(table.start[pre], kind="stable")]
     forward = _forward_of(table, pre)
-    meta = np.full(len(pre), -1, np.int64)
+    meta = np.full(len(pre), -1, position_type(len(table)))
     if len(pairs):  # each step's forward among the joined ones: its step_meta
         by_row = np.argsort(pairs["forward_row"])
         at = np.searchsorted(pairs["forward_row"], forward, sorter=by_row)

@@ -340,7 +340,7 @@ def _climb(parent, is_outer, inner, found):
 def enclosing(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """For each inner row, its nearest ancestor among the outer rows (-1 if none): the
     containment the nesting found, each parent chain climbed in one compiled pass."""
-    found = np.full(len(inner), NO_PARENT, dtype=np.int64)
+    found = np.full(len(inner), NO_PARENT, dtype=position_type(len(table)))
     if len(inner) == 0 or len(outer) == 0:
         return found
     is_outer = np.zeros(len(table), bool)
