@@ -23,11 +23,13 @@ OPS = {"CUPTI_ACTIVITY_KIND_KERNEL": "shortName",
 COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
               8: "DtoD", 9: "HtoH", 10: "PtoP"}
 THREAD_BITS = 0xFFFFFF
-CALL = ('SELECT coalesce(globalTid, 0) AS thread, start, coalesce(correlationId, -1) AS c '
-        'FROM "{table}" WHERE rowid > {{lo}} AND rowid <= {{hi}}')
-OP = ('SELECT start, "end", coalesce(correlationId, -1) AS c, coalesce(globalPid, 0) AS pid, '
-      "{name} AS name, coalesce(deviceId, 0) AS device, coalesce(streamId, 0) AS stream "
-      'FROM "{table}" WHERE rowid > {{lo}} AND rowid <= {{hi}}')
+# Raw columns (NULLs become what `read`'s spec says as they are copied): an expression costs
+# SQLite more per row than a column.
+CALL = ('SELECT globalTid AS thread, start, correlationId AS c FROM "{table}" '
+        "WHERE rowid > {{lo}} AND rowid <= {{hi}}")
+OP = ('SELECT start, "end", correlationId AS c, globalPid AS pid, {name} AS name, '
+      'deviceId AS device, streamId AS stream FROM "{table}" '
+      "WHERE rowid > {{lo}} AND rowid <= {{hi}}")
 
 NO_CUDA = ("no CUDA trace in the export (nsys profile -t cuda,nvtx records the CUPTI runtime, "
            "kernel, memcpy and memset tables)")
