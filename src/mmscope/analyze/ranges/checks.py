@@ -5,9 +5,11 @@ A failing check's detail names how many ranges break it and the first one, with 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from mmscope import stages
-from mmscope.analyze.table import RangeTable, enclosing, group_index, packed_keys, packed_order
+from mmscope.analyze.ranges.table import (RangeTable, enclosing, group_index, packed_keys,
+                                          packed_order)
 
 SIBLINGS = stages.PREPROCESS_SIBLINGS
 
@@ -59,6 +61,12 @@ def siblings_disjoint(table: RangeTable) -> dict:
     rows = table.rows_named(*SIBLINGS)
     if len(rows) < 2:
         return _result(name, 0, len(rows), "", "preprocess child ranges")
+    found = np.zeros(3, np.int64)
+    if _overlaps_in_row_order(rows, table.group, table.n_subs, table.start, table.end,
+                              len(table.threads), found):
+        bad, at, holder = found.tolist()
+        first = f"{where(table, at)} overlaps {where(table, holder)}" if bad else ""
+        return _result(name, bad, len(rows), first, "preprocess child ranges")
     g = group_index(table.thread[rows])
     ks, ke = packed_keys(g, table.start[rows], table.end[rows])
     order, ks = packed_order(g, ks)  # rows are in row order: ties stay by row
@@ -74,6 +82,31 @@ def siblings_disjoint(table: RangeTable) -> dict:
         first = (f"{where(table, rows[order[at]])} overlaps "
                  f"{where(table, rows[order[holder[at - 1]]])}")
     return _result(name, len(bad), len(rows), first, "preprocess child ranges")
+
+
+@njit(cache=True, nogil=True)
+def _overlaps_in_row_order(rows, group, n_subs, start, end, n_threads, found):
+    """siblings_disjoint in one pass where each thread's rows come in start order: found =
+    (how many start before the latest end so far on their thread, the first of them by start,
+    the row holding that end). False where a thread's starts go back (the rows need a sort)."""
+    latest = np.full(n_threads, np.iinfo(np.int64).min, np.int64)
+    holder = np.full(n_threads, -1, np.int64)
+    last_start = np.full(n_threads, np.iinfo(np.int64).min, np.int64)
+    bad, first, first_holder = 0, -1, -1
+    for r in rows:
+        t = group[r] // n_subs  # the thread's index
+        s, e = start[r], end[r]
+        if s < last_start[t]:
+            return False
+        last_start[t] = s
+        if s < latest[t]:
+            bad += 1
+            if first < 0 or s < start[first]:
+                first, first_holder = r, holder[t]
+        if e >= latest[t]:
+            latest[t], holder[t] = e, r
+    found[0], found[1], found[2] = bad, first, first_holder
+    return True
 
 
 def ranges_nest(table: RangeTable) -> dict:
@@ -113,7 +146,7 @@ def step_meta_joined(frame, pairs) -> dict:
     """Every step_meta is the nearest preceding step_meta of some forward on its thread; the
     last step of a thread whose forward the trace does not hold (it ends inside that step) is
     no failure, and is counted apart."""
-    from mmscope.analyze.steps import cut_metas, step_meta_rows
+    from mmscope.analyze.ranges.steps import cut_metas, step_meta_rows
 
     table = frame.table
     name = f"every step_meta joins a '{stages.FORWARD}' on its thread"

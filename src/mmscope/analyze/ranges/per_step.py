@@ -6,10 +6,10 @@ taken evenly over the profile.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from mmscope import stages
-from mmscope.analyze.steps import KINDS, SHAPE_FIELDS
-from mmscope.analyze.table import asof
+from mmscope.analyze.ranges.steps import KINDS, SHAPE_FIELDS
 
 MAX_STEPS = 2000
 TOP_PARTS = 4  # the ranges beside preprocess that take most time; the others are "other"
@@ -59,18 +59,51 @@ def per_step(frame, step_table) -> dict | None:
             "ns": ns.tolist()}
 
 
+@njit(cache=True, nogil=True)
+def _in_windows(group, n_subs, start, parent, w_off, w_start, w_index, w_end, w_parent, out_row,
+                out_at):
+    """The rows that lie in a window: of the windows on a row's thread starting at or before
+    it, the latest (w_* sorted by thread and start, w_off[t] the first of thread t's), when the
+    row starts before its end and has its parent. Returns how many (out_* filled up to room)."""
+    found = 0
+    for i in range(len(group)):
+        t = group[i] // n_subs
+        lo, hi = w_off[t], w_off[t + 1]
+        if lo == hi or w_start[lo] > start[i]:
+            continue
+        while hi - lo > 1:  # the last window starting at or before the row
+            mid = (lo + hi) // 2
+            if w_start[mid] <= start[i]:
+                lo = mid
+            else:
+                hi = mid
+        w = w_index[lo]
+        if start[i] < w_end[w] and parent[i] == w_parent[w]:
+            if found < len(out_row):
+                out_row[found] = i
+                out_at[found] = w
+            found += 1
+    return found
+
+
 def _parts(frame, windows: dict) -> dict[str, np.ndarray]:
     """Per step and stage, the time of the ranges beside the step's preprocess in its window:
     the stage ranges with the preprocess' parent that start in the window on its thread (of
     windows starting at or before a range on its thread, the latest holds it)."""
-    ranges = frame.ranges
-    rows = np.flatnonzero(np.isin(ranges["parent"], windows["parent"]))
-    rows = rows[_in_a_window(ranges["start"][rows], windows)]
-    at = asof(ranges["thread"][rows], ranges["start"][rows], windows["thread"], windows["start"])
-    rows, at = rows[at >= 0], at[at >= 0]
-    inside = ((ranges["start"][rows] < windows["end"][at])
-              & (ranges["parent"][rows] == windows["parent"][at]))
-    rows, at = rows[inside], at[inside]
+    table, ranges = frame.table, frame.ranges
+    w_thread = np.searchsorted(table.threads, windows["thread"])
+    order = np.lexsort((np.arange(len(w_thread)), windows["start"], w_thread))
+    w_off = np.searchsorted(w_thread[order], np.arange(len(table.threads) + 1))
+    args = (table.group, table.n_subs, table.start, table.parent, w_off,
+            windows["start"][order], order, windows["end"], windows["parent"])
+    room = 0
+    while True:
+        rows, at = np.empty(room, np.int64), np.empty(room, np.int64)
+        found = _in_windows(*args, rows, at)
+        if found <= room:
+            rows, at = rows[:found], at[:found]
+            break
+        room = found
     n_stages = len(frame.stages)
     keys, inverse = np.unique(at * n_stages + ranges["stage"][rows], return_inverse=True)
     ns = np.zeros(len(keys), np.int64)
@@ -79,16 +112,6 @@ def _parts(frame, windows: dict) -> dict[str, np.ndarray]:
     if "device_ns" in ranges:
         np.add.at(device_ns, inverse, np.maximum(ranges["device_ns"][rows], 0))
     return {"step": keys // n_stages, "stage": keys % n_stages, "ns": ns, "device_ns": device_ns}
-
-
-def _in_a_window(start: np.ndarray, windows: dict) -> np.ndarray:
-    """Whether each start lies in some window, whatever its thread: a cheap first cut, which
-    keeps every range the as-of join can match (the windows sample few of the steps)."""
-    order = np.argsort(windows["start"], kind="stable")
-    window_start = windows["start"][order]
-    reach = np.maximum.accumulate(windows["end"][order])  # the latest end of a window so far
-    at = np.searchsorted(window_start, start, side="right") - 1
-    return (at >= 0) & (start < reach[np.maximum(at, 0)])
 
 
 def _next_start(step_table, picked: np.ndarray) -> np.ndarray:

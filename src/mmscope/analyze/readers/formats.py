@@ -10,8 +10,8 @@ import subprocess
 import sys
 import tempfile
 
-from mmscope.analyze import chrome, nsys
-from mmscope.analyze.table import RangeTable
+from mmscope.analyze.readers import chrome, nsys
+from mmscope.analyze.ranges.table import RangeTable
 from mmscope.errors import UserError
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")

@@ -26,12 +26,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", metavar="PAGE",
                         help="the encoder cache's counters and time to first token by part from "
                         "a vLLM /metrics page: a saved file or the server's URL")
-    parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
-    parser.add_argument("--workers", type=int, metavar="N",
-                        help="threads reading an SQLite file (default: one per core)")
+    parser.add_argument("--timeout", type=_timeout, default=10.0, metavar="SECONDS",
+                        help="how long --metrics waits for a server's answer (default: 10)")
+    add_stage_options(parser)
     parser.add_argument("--no-cache", action="store_true",
                         help="analyze the file even if the analysis cache holds it (and do not "
                         "store the result)")
+
+
+def add_stage_options(parser: argparse.ArgumentParser) -> None:
+    """The options of which stages a profile has and how it is read (analyze and compare)."""
+    parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
+    parser.add_argument("--raw-names", action="store_true",
+                        help="one stage per range name as written (default: names that differ "
+                        "only in numbers, such as torch's `aten::to, seq = 12, op_id = 99`, are "
+                        "one stage, their family)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="rowid ranges of an SQLite file read at once, one thread each "
+                        "(default: 2)")
+
+
+def _timeout(text: str) -> float:
+    from mmscope.analyze.readers.scrape import timeout
+
+    return timeout(text)
 
 
 def check_workers(workers: int | None) -> None:
@@ -49,8 +67,8 @@ def check_regex(pattern: str | None) -> None:
 
 
 def run(args) -> int:
-    from mmscope.analyze import cache
-    from mmscope.analyze.report import Analysis
+    from mmscope.analyze.commands import cache
+    from mmscope.analyze.report.analysis import Analysis
 
     check_regex(args.filter)
     check_workers(args.workers)
@@ -59,45 +77,45 @@ def run(args) -> int:
             check_output_file(path, option)
     scraped = None
     if args.metrics:
-        from mmscope.analyze import scrape
+        from mmscope.analyze.readers import scrape
 
-        scraped = scrape.read(args.metrics)
+        scraped = scrape.read(args.metrics, args.timeout)
     # The key first: a warm run answers before numpy or polars are imported.
-    key = None if args.no_cache else cache.key_for(args.profile, args.filter)
+    key = None if args.no_cache else cache.key_for(args.profile, args.filter, args.raw_names)
     doc = cache.read(key)
     if doc is not None:
         analysis = Analysis.from_doc(args.profile, doc)
     else:
-        analysis = compute(args.profile, args.filter, args.workers)
+        analysis = compute(args.profile, args.filter, args.workers, args.raw_names)
         cache.write(key, analysis.doc())
     analysis.cache = scraped
     if args.json:
         json.dump(analysis.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")
     elif args.html:
-        from mmscope.analyze.report_html import write_html
+        from mmscope.analyze.report.html import write_html
 
         _write(args.html, lambda: write_html(analysis, args.html))
         print(f"wrote {args.html}", file=sys.stderr)
     elif args.csv:
-        from mmscope.analyze.report import write_csv
+        from mmscope.analyze.report.terminal import write_csv
 
         _write(args.csv, lambda: write_csv(analysis, args.csv))
         print(f"wrote {args.csv}", file=sys.stderr)
     else:
-        from mmscope.analyze.report import print_terminal
+        from mmscope.analyze.report.terminal import print_terminal
 
         print_terminal(analysis, flat=args.flat)
     return 0
 
 
-def compute(path: str, name_filter: str | None, workers: int | None):
+def compute(path: str, name_filter: str | None, workers: int | None, raw_names: bool = False):
     """Load and analyze the profile in this process (the cache's miss road)."""
     prepare_process()
     from mmscope.analyze import load
-    from mmscope.analyze.report import analyze
+    from mmscope.analyze.report.analysis import analyze
 
-    return analyze(path, load(path, workers=workers), name_filter, workers)
+    return analyze(path, load(path, workers=workers), name_filter, raw_names)
 
 
 def prepare_process() -> None:
@@ -109,24 +127,6 @@ def prepare_process() -> None:
     # OpenBLAS's threads spin between calls (about 3 % of the run on 10 M rows, measured with
     # perf) and the analysis makes one small BLAS call (the step fit): one thread is enough.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    _keep_freed_memory()
-
-
-def _keep_freed_memory() -> None:
-    """glibc: large arrays from the heap, and freed memory kept for the next ones.
-
-    By default every array over 32 MiB is a fresh mmap, and each of its pages faults again
-    (about 470 K page faults and 0.9 s of system time on 10 M rows here, against 300 K and 0.6 s
-    this way, measured, at the same peak RSS). Other C libraries: nothing happens."""
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError, TypeError):
-        return
-    m_trim_threshold, m_mmap_max = -1, -4
-    mallopt(m_mmap_max, 0)
-    mallopt(m_trim_threshold, 1 << 30)
 
 
 def _write(path: str, write) -> None:

@@ -10,7 +10,7 @@ import os
 import tempfile
 
 # Bumped whenever what an entry holds, or how any number in it is computed, changes.
-FORMAT = 4
+FORMAT = 5
 HEAD_BYTES = 4096  # hashed into the key: an SQLite header changes on every write transaction
 # Files beside an SQLite database that its contents depend on: a commit may sit in the -wal.
 COMPANION_SUFFIXES = ("-wal",)
@@ -25,7 +25,7 @@ def directory() -> str:
     return cache_dir("analyze")
 
 
-def key_for(path: str, name_filter: str | None) -> dict | None:
+def key_for(path: str, name_filter: str | None, raw_names: bool = False) -> dict | None:
     """What an entry for this file (or folder of traces) and these options must match: every
     file the answer is read from, by path, size, times, inode and first bytes. None where the
     input cannot be keyed (unreadable: the analysis itself says what is wrong)."""
@@ -44,7 +44,7 @@ def key_for(path: str, name_filter: str | None) -> dict | None:
     except (OSError, ValueError):
         return None
     return {"format": FORMAT, "mmscope": __version__, "path": real, "files": stamps,
-            "filter": name_filter}
+            "filter": name_filter, "raw_names": raw_names}
 
 
 def _stamp(path: str) -> dict:
@@ -73,7 +73,7 @@ def read(key: dict | None) -> dict | None:
     if not isinstance(entry, dict) or entry.get("key") != key:
         return None
     doc = entry.get("analysis")
-    from mmscope.analyze.report import DOC_KEYS
+    from mmscope.analyze.report.analysis import DOC_KEYS
 
     if not isinstance(doc, dict) or not all(k in doc for k in DOC_KEYS):
         return None

@@ -9,23 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.steps import KINDS
+from mmscope.analyze.ranges.figures import nearest_rank
+from mmscope.analyze.ranges.steps import KINDS
 
 # The kind whose comparison is the headline: the first with steps on both sides. Decode steps
 # schedule no prompt tokens, so the encoder runs in steps that prefill.
 HEADLINE_ORDER = ("prefill", "mixed", "unknown", "idle", "decode")
-
-BY_KIND = """
-SELECT kind, encoder_ns > 0 AS ran, count(*), CAST(sum(pre_ns) AS BIGINT),
-       quantile_disc(pre_ns, 0.5), max(pre_ns), CAST(sum(encoder_ns) AS BIGINT)
-FROM steps WHERE forward >= 0 GROUP BY kind, ran ORDER BY kind, ran
-"""
-ENCODER = """
-SELECT count(*), CAST(sum(encoder_ns) AS BIGINT), quantile_disc(encoder_ns, 0.5),
-       max(encoder_ns), CAST(sum(pre_ns) AS BIGINT)
-FROM steps WHERE forward >= 0 AND encoder_ns > 0
-"""
-
 
 def _figures(steps: int, total: int, p50: int, high: int) -> dict:
     return {"steps": steps, "total_ns": total, "mean_ns": (total + steps // 2) // steps,
@@ -50,9 +39,8 @@ def cache_benefit(frame, step_table) -> dict:
         return {"available": False,
                 "reason": f"no '{stages.FORWARD}' follows any of the {n_pre} preprocess ranges "
                           "on its thread: no step to compare"}
-    frame.sql.register("steps", {k: step_table[k] for k in ("kind", "forward", "pre_ns",
-                                                            "encoder_ns")})
-    by_kind, encoder, ran_pre = _by_kind(frame.sql)
+    by_kind, encoder, ran_pre = _by_kind({k: step_table[k][stepped]
+                                          for k in ("kind", "pre_ns", "encoder_ns")})
     out = {"available": True, "preprocess_ranges": n_pre, "steps": int(stepped.sum()),
            "without_forward": _left_out(step_table["pre_ns"][~stepped]),
            "encoder_steps": encoder["steps"],
@@ -64,23 +52,33 @@ def cache_benefit(frame, step_table) -> dict:
     return {**out, **_headline(by_kind)}
 
 
-def _by_kind(sql) -> tuple[list[dict], dict, int]:
+def _by_kind(steps: dict[str, np.ndarray]) -> tuple[list[dict], dict, int]:
     """Per kind, both sides; the encoder's own figures over every step that ran it, and the
-    preprocess time of those steps."""
+    preprocess time of those steps. `steps`: the steps a forward follows."""
     sides: dict[int, dict] = {}
-    for kind, ran, n, pre_total, pre_p50, pre_max, enc_total in sql.rows(BY_KIND):
-        side = sides.setdefault(kind, {"with_encoder": _none(), "without_encoder": _none()})
-        figures = _figures(n, pre_total, pre_p50, pre_max)
-        if ran:  # how much of that preprocess the encoder itself took
-            figures["encoder_mean_ns"] = (enc_total + n // 2) // n
-        side["with_encoder" if ran else "without_encoder"] = figures
+    ran_encoder = steps["encoder_ns"] > 0
+    for kind in np.unique(steps["kind"]).tolist():
+        for ran in (False, True):
+            at = (steps["kind"] == kind) & (ran_encoder == ran)
+            if not at.any():
+                continue
+            pre = steps["pre_ns"][at]
+            side = sides.setdefault(kind, {"with_encoder": _none(), "without_encoder": _none()})
+            figures = _figures(len(pre), int(pre.sum()), nearest_rank(pre, 0.5), int(pre.max()))
+            if ran:  # how much of that preprocess the encoder itself took
+                n = len(pre)
+                figures["encoder_mean_ns"] = (int(steps["encoder_ns"][at].sum()) + n // 2) // n
+            side["with_encoder" if ran else "without_encoder"] = figures
     rows = []
     for kind, side in sides.items():
         w, wo = side["with_encoder"]["mean_ns"], side["without_encoder"]["mean_ns"]
         rows.append({"kind": KINDS[kind], **side,
                      "difference_ns": None if w is None or wo is None else w - wo})
-    n, total, p50, high, ran_pre = sql.rows(ENCODER)[0]
-    return rows, (_figures(n, total, p50, high) if n else _none()), ran_pre or 0
+    encoder = steps["encoder_ns"][ran_encoder]
+    if not len(encoder):
+        return rows, _none(), 0
+    return rows, _figures(len(encoder), int(encoder.sum()), nearest_rank(encoder, 0.5),
+                          int(encoder.max())), int(steps["pre_ns"][ran_encoder].sum())
 
 
 def _left_out(pre_ns: np.ndarray) -> dict:

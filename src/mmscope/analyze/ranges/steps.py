@@ -6,29 +6,14 @@ report's per-step view read.
 """
 from __future__ import annotations
 
-import itertools
-import re
-
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze.table import RangeTable, asof, enclosing
+from mmscope.analyze.ranges.figures import nearest_rank
+from mmscope.analyze.ranges.nesting import position_type
+from mmscope.analyze.ranges.table import RangeTable, asof, enclosing
 
 SHAPE_FIELDS = ("prefill", "decode", "total", "reqs")
-
-
-def _lines_pattern() -> re.Pattern | None:
-    """`stages.parse_step_meta`'s regex for many names at once, one per line: the same groups,
-    empty where a line is no step_meta. None where that regex is not of the `^...$` form."""
-    rx = getattr(stages, "_STEP_META_RE", None)
-    pattern = getattr(rx, "pattern", "")
-    if (not isinstance(pattern, str) or not pattern.startswith("^") or not pattern.endswith("$")
-            or rx.groups != 4 or rx.flags != re.UNICODE):
-        return None
-    return re.compile(f"^(?:{pattern[1:-1]}|.*)$", re.M)
-
-
-_STEP_META_LINES = _lines_pattern()
 
 
 def step_meta_shapes(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
@@ -57,16 +42,19 @@ def step_meta_rows(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
 def _parse_shapes(names: list[str]) -> np.ndarray:
     """(prefill, decode, total, reqs) of each name, -1s where it is no step_meta.
 
-    Every profile step has its own step_meta name (hundreds of thousands in a long run), so they
-    are matched in one pass over their joined text and their numbers parsed in one call; names
-    where that could differ from `stages.parse_step_meta` (non-ASCII digits, line breaks, numbers
-    past int64) go one by one, and so do all when a sample disagrees with it."""
-    out = _parse_joined(names)
-    if out is not None:
-        return out
+    Every profile step has its own step_meta name (hundreds of thousands in a long run): they are
+    matched with `stages.parse_step_meta`'s pattern in one vectorized call; a name that matches
+    but whose numbers do not read as int64 (other digits, too long) goes through it by itself."""
+    import polars as pl
+
+    found = pl.Series(names, dtype=pl.String).str.extract_groups(stages.STEP_META_PATTERN)
+    matched = found.struct.field("1").is_not_null().to_numpy()
     out = np.full((len(names), 4), -1, dtype=np.int64)
-    for j, name in enumerate(names):
-        out[j] = _shape_of(name)
+    fields = [found.struct.field(str(k + 1)).cast(pl.Int64, strict=False) for k in range(4)]
+    values = np.stack([f.fill_null(-1).to_numpy() for f in fields], axis=1)
+    out[matched] = values[matched]
+    for j in np.flatnonzero(matched & (values < 0).any(axis=1)).tolist():
+        out[j] = _shape_of(names[j])
     return out
 
 
@@ -74,33 +62,6 @@ def _shape_of(name: str) -> tuple[int, int, int, int]:
     shape = stages.parse_step_meta(name)
     return (-1, -1, -1, -1) if shape is None else (shape.prefill, shape.decode, shape.total,
                                                     shape.reqs)
-
-
-def _parse_joined(names: list[str]) -> np.ndarray | None:
-    text = "\n".join(names)
-    if (_STEP_META_LINES is None or not names or not text.isascii()
-            or text.count("\n") != len(names) - 1):
-        return None
-    out = _parse_regex(names, text)
-    if out is None:
-        return None
-    sample = {0, len(names) // 2, len(names) - 1}
-    if any(tuple(out[j].tolist()) != _shape_of(names[j]) for j in sample):
-        return None
-    return out
-
-
-def _parse_regex(names: list[str], text: str) -> np.ndarray | None:
-    found = _STEP_META_LINES.findall(text)
-    digits = list(itertools.chain.from_iterable(f for f in found if f[0]))
-    if len(found) != len(names) or max(map(len, digits), default=0) > 18:
-        return None
-    values = np.fromstring(" ".join(digits), dtype=np.int64, sep=" ")
-    if len(values) != len(digits):
-        return None
-    out = np.full((len(names), 4), -1, dtype=np.int64)
-    out[np.fromiter((f[0] != "" for f in found), bool, len(found))] = values.reshape(-1, 4)
-    return out
 
 
 KINDS = ("prefill", "decode", "mixed", "idle", "unknown")  # unknown: no step_meta joined
@@ -138,7 +99,7 @@ def step_join(frame) -> StepPairs:
     fwd, meta = fwd[joined], metas[at[joined]]
     del at, joined
     order = np.argsort(table.start[fwd], kind="stable")  # fwd in row order: ties stay by row
-    fwd, meta = fwd[order].astype(np.int64), meta[order].astype(np.int64)
+    fwd, meta = fwd[order], meta[order]  # row positions, in 32 bits where they fit
     start = table.start[fwd]
     ids = table.name_id[meta]
     return StepPairs({"forward_row": fwd, "meta_row": meta, "thread": table.thread[fwd],
@@ -155,7 +116,7 @@ def _forward_of(table: RangeTable, pre: np.ndarray) -> np.ndarray:
     joined = at >= 0
     at, fwd = at[joined], fwd[joined]
     steps, first = np.unique(at, return_index=True)  # the first of each in (start, row) order
-    forward = np.full(len(pre), -1, np.int64)
+    forward = np.full(len(pre), -1, position_type(len(table)))
     forward[steps] = fwd[first]
     return forward
 
@@ -171,10 +132,13 @@ def steps_of(frame, pairs: StepPairs) -> Steps:
     pre = table.rows_named(stages.PREPROCESS)
     pre = pre[np.argsort(table.start[pre], kind="stable")]
     forward = _forward_of(table, pre)
-    meta = np.full(len(table), -1, np.int64)
-    if len(pairs):
-        meta[pairs["forward_row"]] = pairs["meta_row"]
-    meta = np.where(forward >= 0, meta[np.maximum(forward, 0)], -1)
+    meta = np.full(len(pre), -1, position_type(len(table)))
+    if len(pairs):  # each step's forward among the joined ones: its step_meta
+        by_row = np.argsort(pairs["forward_row"])
+        at = np.searchsorted(pairs["forward_row"], forward, sorter=by_row)
+        at = by_row[np.minimum(at, len(by_row) - 1)]
+        hit = (forward >= 0) & (pairs["forward_row"][at] == forward)
+        meta[hit] = pairs["meta_row"][at[hit]]
     shapes = step_meta_rows(table)[1][table.name_id[np.maximum(meta, 0)]]
     shapes[meta < 0] = -1
     cols = {"pre": pre, "forward": forward, "meta": meta, "thread": table.thread[pre],
@@ -191,9 +155,10 @@ def _encoder_time(table: RangeTable, pre: np.ndarray) -> np.ndarray:
     vit = table.rows_named(stages.VIT_FORWARD)
     host = enclosing(table, pre, vit)
     inside = host >= 0
-    total = np.zeros(len(table), np.int64)
-    np.add.at(total, host[inside], table.end[vit[inside]] - table.start[vit[inside]])
-    return total[pre]
+    by_row = np.argsort(pre)
+    at = by_row[np.searchsorted(pre, host[inside], sorter=by_row)]
+    return np.bincount(at, weights=table.end[vit[inside]] - table.start[vit[inside]],
+                       minlength=len(pre)).astype(np.int64)
 
 
 def kind_codes(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:
@@ -238,7 +203,7 @@ def summary(frame, pairs: StepPairs) -> dict:
     fit, fit_reason = _fit(pairs)
     return {"pairs": len(pairs), "forwards": forwards, "step_metas": metas,
             "unmatched_forwards": forwards - len(pairs), "unjoined_step_metas": metas - joined,
-            "by_kind": _by_kind(frame.sql, pairs), "fit": fit, "fit_reason": fit_reason,
+            "by_kind": _by_kind(pairs), "fit": fit, "fit_reason": fit_reason,
             "available": len(pairs) > 0, "reason": _missing(forwards, metas, len(pairs))}
 
 
@@ -258,21 +223,20 @@ def _missing(forwards: int, metas: int, pairs: int) -> str | None:
             f"{metas} step_meta)")
 
 
-BY_KIND = """
-SELECT kind, count(*) AS steps, avg(forward_ns) AS mean, quantile_disc(forward_ns, 0.5) AS p50,
-       avg(total) AS tokens
-FROM joined GROUP BY kind ORDER BY kind
-"""
-
-
-def _by_kind(sql, pairs: StepPairs) -> list[dict]:
+def _by_kind(pairs: StepPairs) -> list[dict]:
     if len(pairs) == 0:
         return []
-    sql.register("joined", {"kind": kind_codes(pairs["prefill"], pairs["decode"]),
-                            "forward_ns": pairs["forward_ns"], "total": pairs["total"]})
-    return [{"kind": KINDS[kind], "steps": n, "forward_mean_ns": int(round(mean)),
-             "forward_p50_ns": int(p50), "tokens_mean": round(float(tokens), 3)}
-            for kind, n, mean, p50, tokens in sql.rows(BY_KIND)]
+    kinds = kind_codes(pairs["prefill"], pairs["decode"])
+    out = []
+    for kind in np.unique(kinds).tolist():
+        at = kinds == kind
+        forward, tokens = pairs["forward_ns"][at], pairs["total"][at]
+        n = len(forward)
+        out.append({"kind": KINDS[kind], "steps": n,
+                    "forward_mean_ns": int(round(int(forward.sum()) / n)),
+                    "forward_p50_ns": nearest_rank(forward, 0.5),
+                    "tokens_mean": round(int(tokens.sum()) / n, 3)})
+    return out
 
 
 def _fit(pairs) -> tuple[dict | None, str | None]:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmscope.analyze import table as tbl
-from mmscope.analyze import device
+from mmscope.analyze.ranges import table as tbl
+from mmscope.analyze.ranges import device
+from mmscope.analyze.readers import malformed
 from mmscope.errors import UserError
 from mmscope.emit.chrome import read_events
 
@@ -168,6 +169,8 @@ class _Builder:
         self.kineto = False  # a torch profiler trace: stages, device side and the rest told apart
         self.any_kineto = False
         self.slack_ns = 0
+        self.skipped = malformed.Skipped()
+        self.dropped: set[int] = set()  # rows of a B whose E came before it
 
     def begin(self, shift: int, kineto: bool) -> None:
         self.shift, self.kineto = shift, kineto
@@ -183,11 +186,16 @@ class _Builder:
 
     def table(self, clock: str) -> tbl.RangeTable:
         c = self.cols
+        if self.dropped:
+            keep = [r for r in range(len(c["start"])) if r not in self.dropped]
+            c = {k: [v[r] for r in keep] for k, v in c.items()}
+            self.gpu.renumber(keep)
         table = tbl.build(raw_names=list(self.names), name_id=c["name"], start=c["start"],
                           end=c["end"], kind=c["kind"], thread=c["thread"],
                           thread_names=self.thread_names, process_names=self.process_names,
                           source="chrome-json", clock=clock, slack_ns=self.slack_ns)
         table.device, table.no_device = self.gpu.work(self.any_kineto)
+        table.malformed = self.skipped
         return table
 
     def add(self, ev: dict) -> None:
@@ -199,19 +207,50 @@ class _Builder:
             return
         if self.kineto and not self.kineto_stage(ev, ph):
             return
-        if ph == "X":
+        if ph not in ("X", "B", "E") + _INSTANTS:
+            return
+        self.skipped.events += 1
+        why = self.malformed(ev, ph)
+        if why:
+            self.skipped.add(f"{_said(ev)}: {why}")
+        elif ph == "X":
             start = _ns(ev["ts"]) + self.shift
-            self.row(ev, start, start + _ns(ev.get("dur", 0)), tbl.PUSH_POP)
+            self.row(ev, start, start + _ns(ev["dur"]), tbl.PUSH_POP)
         elif ph == "B":
             self.open.setdefault(self.thread(ev), []).append(
                 self.row(ev, _ns(ev["ts"]) + self.shift, None, tbl.PUSH_POP))
         elif ph == "E":
-            stack = self.open.get(self.thread(ev))
-            if stack:  # an E without its B (cut by the capture window) is dropped
-                self.cols["end"][stack.pop()] = _ns(ev["ts"]) + self.shift
-        elif ph in _INSTANTS:
+            self.close(ev)
+        else:
             t = _ns(ev["ts"]) + self.shift
             self.row(ev, t, t, tbl.MARK)
+
+    def malformed(self, ev: dict, ph) -> str | None:
+        """Why an event cannot be a range or mark (None: it can)."""
+        if not _number(ev["ts"]):
+            return f"a time that is no number ({ev['ts']!r})"
+        if ph != "E" and not isinstance(ev.get("name"), str):
+            return f"a name that is not text ({ev.get('name')!r})"
+        if ph == "X":
+            if "dur" not in ev:
+                return "a complete event without a duration"
+            if not _number(ev["dur"]) or ev["dur"] < 0:
+                return f"a negative or unreadable duration ({ev['dur']!r})"
+        if ph == "E" and not self.open.get(self.thread(ev)):
+            return "an end without its begin"
+        return None
+
+    def close(self, ev: dict) -> None:
+        """An E ends the last open B of its thread, unless it comes before it: then both go."""
+        stack = self.open[self.thread(ev)]
+        row = stack.pop()
+        end = _ns(ev["ts"]) + self.shift
+        if end < self.cols["start"][row]:
+            self.dropped.add(row)
+            self.skipped.add(f"{_said(ev, list(self.names)[self.cols['name'][row]])}: ends at "
+                             f"{ev['ts']} µs, before its begin")
+            return
+        self.cols["end"][row] = end
 
     def kineto_stage(self, ev: dict, ph) -> bool:
         """Whether a Kineto event is a stage; the device side is taken on the way."""
@@ -241,7 +280,7 @@ class _Builder:
 
     def row(self, ev: dict, start: int, end: int | None, kind: int) -> int:
         c = self.cols
-        name = str(ev.get("name", ""))
+        name = ev["name"]
         c["name"].append(self.names.setdefault(name, len(self.names)))
         c["start"].append(start)
         # No E (yet): build() reads an end before the start as "unclosed".
@@ -272,6 +311,17 @@ class _Builder:
             self.thread_names[self.thread(ev)] = name
         elif ev.get("name") == "process_name":
             self.process_names[self.key("pid", ev.get("pid", 0))] = name
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _said(ev: dict, name=None) -> str:
+    """An event as a person finds it in the file: phase, name, time, pid and tid."""
+    name = ev.get("name") if name is None else name
+    return (f"{ev.get('ph')} event {name!r} at {ev.get('ts')!r} µs, pid {ev.get('pid')!r} "
+            f"tid {ev.get('tid')!r}")
 
 
 def _args(ev: dict) -> dict:
@@ -322,6 +372,15 @@ class _GpuWork:
     def span(self, external_id, span: tuple[int, int]) -> None:
         first, last = self.spans.get(external_id, span)
         self.spans[external_id] = (min(first, span[0]), max(last, span[1]))
+
+    def renumber(self, keep: list[int]) -> None:
+        """The table keeps these rows only: the spans follow their rows (a dropped row's go)."""
+        new = {old: i for i, old in enumerate(keep)}
+        rows = self.span_rows
+        kept = [j for j, r in enumerate(rows["rows"]) if r in new]
+        self.span_rows = {"rows": [new[rows["rows"][j]] for j in kept],
+                          "first": [rows["first"][j] for j in kept],
+                          "last": [rows["last"][j] for j in kept]}
 
     def annotation(self, external_id, row: int) -> None:
         if external_id is not None:

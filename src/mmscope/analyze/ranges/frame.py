@@ -2,7 +2,7 @@
 its self time and device time, the stages, the processes and their roles; what every computation
 reads.
 
-Built once per analysis: the nesting's structure in numpy, everything aggregated in SQL.
+Built once per analysis, in compiled passes over the rows (tree.py, figures.py, device.py).
 """
 from __future__ import annotations
 
@@ -11,51 +11,48 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmscope import stages
-from mmscope.analyze import device, processes, stats, steps, tree
-from mmscope.analyze.sql import Sql
-from mmscope.analyze.table import RangeTable
+from mmscope.analyze.ranges import device, families, processes, steps, tree
+from mmscope.analyze.ranges.table import RangeTable
 
 
 @dataclass
 class Frame:
     table: RangeTable
-    sql: Sql
-    stages: list[str]            # stage names (every step_meta name folded into one)
+    stages: list[str]            # stage names (every step_meta name folded into one, families)
     stage_of_name: np.ndarray    # canonical name id -> stage id
+    families: list               # per stage: (pattern, distinct names) of a family, or None
     processes: list[dict]        # processes.describe
     roles: list[str]             # role labels, in the order of the tree's roots
     nodes: tree.Nodes
-    ranges: dict[str, np.ndarray]  # the columns of the view `ranges`, per row
+    ranges: dict[str, np.ndarray]  # per row: stage, node, thread, start, end, parent (+ device)
     kernels: dict[int, list[dict]]  # per stage id, its top kernels (none without a device side)
 
-    def close(self) -> None:
-        self.sql.close()
 
-
-def build(table: RangeTable, workers: int | None = None) -> Frame:
-    """`ranges` holds every range: stage, node, thread, start, end, parent row, self_ns; and
-    where the profile has a device side device_ns (-1: none) and kernel_ns (device.per_range)."""
-    sql = Sql(workers)
+def build(table: RangeTable, raw_names: bool = False) -> Frame:
+    """`ranges` holds every range: stage, node, thread, start, end, parent row; and where the
+    profile has a device side device_ns (-1: none) and kernel_ns (device.per_range). Names that
+    differ only in numbers are one stage (families.py) unless `raw_names`."""
     _find_catalogue_rows(table)
-    stage_list, stage_of_name = stats.stage_names(table.names)
+    stage_list, stage_of_name, families_ = families.stage_names(table.names, raw_names)
     stage = stage_of_name[table.name_id]
-    sql.register("ranges", {"thread": table.thread, "stage": stage})
-    procs = processes.describe(table, stage_list, sql)
+    # Each row's thread index: its nesting group's, which counts threads first.
+    threads = table.threads
+    thread_code = table.group if table.n_subs == 1 else table.group // table.n_subs
+    procs = processes.describe(table, stage_list, stage, thread_code, threads)
     roles = _role_order({p["role"] for p in procs})
     role_of_pid = {p["pid"]: roles.index(p["role"]) for p in procs}
-    role_of_row = _per_row(table.process, role_of_pid)
-    nodes = tree.build(table, stage, role_of_row, len(stage_list))
-    del role_of_row
+    role_of_thread = np.array([role_of_pid.get(processes.pid_of(t), 0)
+                               for t in threads.tolist()], np.int64)
+    nodes = tree.build(table, stage, thread_code, role_of_thread, len(stage_list), len(roles))
+    del thread_code
     ranges = {"stage": stage, "node": nodes.of_row, "thread": table.thread,
-              "start": table.start, "end": table.end, "parent": table.parent,
-              "self_ns": tree.self_times(table)}
+              "start": table.start, "end": table.end, "parent": table.parent}
     kernels = {}
     if table.device is not None:
         got = device.per_range(table)
         ranges.update(device_ns=got.device_ns, kernel_ns=got.kernel_ns)
         kernels = device.kernels_by_stage(table.device, got.owners, nodes, nodes.of_row)
-    sql.register("ranges", ranges)
-    return Frame(table=table, sql=sql, stages=stage_list, stage_of_name=stage_of_name,
+    return Frame(table=table, stages=stage_list, stage_of_name=stage_of_name, families=families_,
                  processes=procs, roles=roles, nodes=nodes, ranges=ranges, kernels=kernels)
 
 
@@ -73,9 +70,3 @@ def _role_order(labels: set[str]) -> list[str]:
         order = processes.ROLE_ORDER
         return (order.index(first) if first in order else len(order), label)
     return sorted(labels, key=rank)
-
-
-def _per_row(pid: np.ndarray, value_of_pid: dict[int, int]) -> np.ndarray:
-    keys = np.array(sorted(value_of_pid), np.int64)
-    values = np.array([value_of_pid[k] for k in keys.tolist()], np.int32)
-    return values[np.searchsorted(keys, pid)]

@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from mmscope import stages
+from mmscope.analyze.ranges.nesting import NO_PARENT, dense_codes, depths, nest, position_type
 
 PUSH_POP, START_END, MARK = 0, 1, 2
 KIND_NAMES = ("push_pop", "start_end", "mark")
-NO_PARENT = -1
 
 
 @dataclass
@@ -26,7 +27,10 @@ class RangeTable:
     an earlier range of their thread partly (neither contains the other: not nested, one level);
     `slack_ns` is how far a child may end after its parent and still nest (the format's time
     resolution); `device` the GPU work the ranges launched (None: the profile has no device side,
-    `no_device` says why). Every row is a stage: a range a program named.
+    `no_device` says why); `group` each row's nesting group, thread index (into `threads`, the
+    distinct threads ascending) * `n_subs` + its (domain, kind) index, and `order` the rows in
+    nesting order (None: row order is it). Every row is a stage: a range a program
+    named.
     """
 
     name_id: np.ndarray
@@ -37,7 +41,6 @@ class RangeTable:
     end_thread: np.ndarray
     domain_id: np.ndarray
     unclosed: np.ndarray
-    depth: np.ndarray
     parent: np.ndarray
     names: list[str]
     domains: list[str] = field(default_factory=lambda: [""])
@@ -49,10 +52,22 @@ class RangeTable:
     slack_ns: int = 0
     device: object = None  # device.DeviceWork
     no_device: str = ""
+    group: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    threads: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    n_subs: int = 1
+    order: np.ndarray | None = None
+    malformed: object = None  # readers.malformed.Skipped: the events the reader skipped
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.start)
+
+    @property
+    def depth(self) -> np.ndarray:
+        """Each range's number of ancestors (computed on first use: the analysis needs none)."""
+        if "depth" not in self._cache:
+            self._cache["depth"] = depths(self.parent, self.order)
+        return self._cache["depth"]
 
     @property
     def duration(self) -> np.ndarray:
@@ -83,7 +98,8 @@ class RangeTable:
         keys = [("names",) + g for g in groups if ("names",) + g not in self._cache]
         sets = {key: self.ids_of(*key[1:]) for key in keys}
         sets.update((k, v) for k, v in (id_sets or {}).items() if k not in self._cache)
-        slot_of = np.full(len(self.names), -1, np.int32)
+        # Few slots: 8 bits, which numpy's stable sort orders by radix, in one pass.
+        slot_of = np.full(len(self.names), -1, np.int8 if len(sets) < 127 else np.int32)
         slots = []
         for key, ids in sets.items():
             if (slot_of[ids] >= 0).any():
@@ -96,6 +112,7 @@ class RangeTable:
         rows = np.flatnonzero(slot >= 0)
         order = np.argsort(slot[rows], kind="stable")
         bounds = np.searchsorted(slot[rows][order], np.arange(len(slots) + 1))
+        rows = rows.astype(position_type(len(self)), copy=False)
         for j, key in enumerate(slots):
             self._cache[key] = rows[order[bounds[j]:bounds[j + 1]]]
 
@@ -128,30 +145,23 @@ class RangeTable:
         })
 
 
-def canonical_prefix(raw: list[str]) -> tuple[dict[str, int], list[int]]:
-    """The canonical index and codes of the first raw names, computed ahead (build continues
-    them with the rest)."""
+def canonical_names(raw: list[str], used: np.ndarray) -> tuple[dict[str, int], np.ndarray]:
+    """{canonical name: id} of the raw names in use, in their order, and the map raw id ->
+    canonical id (-1: not in use). One lookup per distinct name, none per row."""
     index: dict[str, int] = {}
     canonical = stages.canonical
-    return index, [index.setdefault(canonical(name), len(index)) for name in raw]
-
-
-def _canonical_index(raw: list[str], prefix=None) -> tuple[dict[str, int], np.ndarray]:
-    """{canonical name: id} in first-appearance order, and the map raw id -> canonical id;
-    `prefix`: canonical_prefix() of the first raw names (taken over, not copied)."""
-    index, codes = prefix if prefix is not None else ({}, [])
-    canonical = stages.canonical
+    mapping = np.full(len(raw), -1, np.int32)
+    at = np.flatnonzero(used[:len(raw)])
     # One list, then one array: a numpy item assignment per name costs more than the lookup.
-    codes = codes + [index.setdefault(canonical(name), len(index)) for name in raw[len(codes):]]
-    return index, np.array(codes, dtype=np.int64).reshape(len(raw))
+    mapping[at] = [index.setdefault(canonical(raw[i]), len(index)) for i in at.tolist()]
+    return index, mapping
 
 
 def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
           domain_id=None, domains=None, thread_names=None, process_names=None,
-          source: str = "", clock: str = "", canonical=None, slack_ns: int = 0) -> RangeTable:
+          source: str = "", clock: str = "", slack_ns: int = 0) -> RangeTable:
     """A RangeTable from loader columns; `end` < `start` marks a missing end (NULL in nsys).
-    `canonical`: canonical_prefix() of the first raw names, where the loader computed it;
-    `slack_ns`: the format's time resolution (nest_with_crossings)."""
+    `slack_ns`: the format's time resolution (see nesting.nest)."""
     start = np.asarray(start, dtype=np.int64)
     end = np.asarray(end, dtype=np.int64)
     kind = np.asarray(kind, dtype=np.int8)
@@ -162,23 +172,36 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
     end_thread = thread if end_thread is None else np.asarray(end_thread, dtype=np.int64)
     domain_id = np.zeros(n, np.int32) if domain_id is None else np.asarray(domain_id, np.int32)
     end, unclosed = _close(start, end, kind)
-    index, mapping = _canonical_index(raw_names, canonical)
-    names = list(index)
-    name_id = mapping.astype(np.int32)[np.asarray(name_id)] if n else np.zeros(0, np.int32)
-    # Start/end ranges overlap freely, so they nest among themselves, apart from push/pop stacks.
-    sub = (domain_id << 1) | (kind == START_END)
-    depth, parent, crossing = nest_with_crossings(thread, sub, start, end, slack_ns)
-    del sub
+    name_id = np.asarray(name_id)
+    used = np.bincount(name_id, minlength=len(raw_names)) > 0 if n else np.zeros(0, bool)
+    index, mapping = canonical_names(raw_names, used)
+    name_id = mapping[name_id] if n else np.zeros(0, np.int32)
+    group, threads, n_subs = nesting_groups(thread, domain_id, kind)
+    parent, crossing, order = nest(group, start, end, len(threads) * n_subs, slack_ns)
     # NVTX lets start/end ranges overlap (concurrent media fetches on one thread): no crossing.
-    crossing = crossing[kind[crossing] != START_END]
+    crossing = crossing[kind[crossing] != START_END].astype(np.int64)
     return RangeTable(
         name_id=name_id,
         start=start, end=end, kind=kind, thread=thread, end_thread=end_thread,
-        domain_id=domain_id, unclosed=unclosed, depth=depth, parent=parent, names=names,
+        domain_id=domain_id, unclosed=unclosed, parent=parent, names=list(index),
         domains=list(domains or [""]), thread_names=dict(thread_names or {}),
         process_names=dict(process_names or {}), source=source, clock=clock,
-        crossing=crossing, slack_ns=slack_ns,
+        crossing=crossing, slack_ns=slack_ns, group=group, threads=threads, n_subs=n_subs,
+        order=order,
         _cache={"index": index})  # ids_of's lookup, which profiles with many names pay for
+
+
+def nesting_groups(thread: np.ndarray, domain_id: np.ndarray, kind: np.ndarray):
+    """Per row its nesting group (thread, domain, and start/end ranges apart from push/pop
+    stacks: they overlap freely), the distinct threads, and the number of (domain, kind)
+    pairs: group = thread index * n_subs + pair index."""
+    t, threads = dense_codes(thread)
+    sub = (domain_id.astype(np.int64) << 1) | (kind == START_END)
+    if not sub.any():
+        return t, threads, 1
+    s, subs = dense_codes(sub)
+    group = t.astype(np.int64) * len(subs) + s
+    return group.astype(position_type(len(threads) * len(subs))), threads, len(subs)
 
 
 def _close(start: np.ndarray, end: np.ndarray, kind: np.ndarray):
@@ -209,91 +232,13 @@ def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
     inside it). A zero-length range is a leaf, and at a parent's end it lies outside it; of two
     equal ranges the earlier row is the parent.
     """
-    n = len(start)
-    depth = np.zeros(n, dtype=np.int32)
-    parent = np.full(n, NO_PARENT, dtype=position_type(n))
-    if n == 0:
-        return depth, parent, np.zeros(0, np.int64)
-    g = group_index(thread, sub)
-    ks_row, ke_row = packed_keys(g, start, end, pad=slack)
-    order, ks = _sort_order(ks_row, ke_row, g)
-    del g, ks_row
-    ke = ke_row[order]
-    del ke_row
-    p_sorted, crosses = _last_container(ks, ke, slack)
-    del ks, ke
-    depth[order] = _depths(p_sorted)
-    parent[order] = _through(order, p_sorted)
-    return depth, parent, np.sort(order[crosses]).astype(np.int64)
-
-
-def position_type(n: int):
-    """Row positions in 32 bits where they fit: half the memory and bandwidth of int64."""
-    return np.int32 if n < (1 << 31) - 1 else np.int64
-
-
-def _last_container(ks: np.ndarray, ke: np.ndarray, slack: int = 0):
-    """In sorted positions: the last earlier position that contains each one (-1: none), and
-    the positions that cross an earlier range.
-
-    An earlier position j contains i exactly when ke[j] >= need[i]: ke[i] - slack, and after
-    i's start (ks[i] + 1: a zero-length i at j's end lies outside it). The order already puts ks[j] <= ks[i], and keys of another group never
-    qualify (packed_keys pads every time by the slack). So the parent is the nearest earlier
-    key that is large enough, found by pointer jumping: each position holds a candidate, and
-    everything between the candidate and itself is smaller; a candidate that fails hands over
-    its own candidate, or its parent once that is known. The largest end passed over on the way
-    tells whether i crosses something (it ended more than the slack inside i)."""
-    m = len(ks)
-    at = position_type(m)
-    zero = ke == ks
-    need = np.maximum(ke - slack, ks + 1)
-    parent = np.full(m, -2, at)  # -2: not known yet
-    # Without any earlier end reaching mine there is no container at all: no jumping for those.
-    seen = np.empty(m, np.int64)  # the largest end passed over; first: the largest before
-    seen[0] = np.iinfo(np.int64).min
-    np.maximum.accumulate(ke[:-1], out=seen[1:])
-    top = seen < need
-    parent[top] = NO_PARENT
-    active = np.flatnonzero(~top).astype(at)
-    del top
-    cand = np.arange(-1, m - 1, dtype=at)
-    seen[active] = np.iinfo(np.int64).min
-    while len(active):
-        c = cand[active]
-        ok = ke[c] >= need[active]
-        parent[active[ok]] = c[ok]
-        active, c = active[~ok], c[~ok]
-        seen[active] = np.maximum(seen[active], ke[c])  # active rows are distinct
-        known = parent[c]
-        cand[active] = np.where(known >= 0, known, cand[c])
-        lost = cand[active] < 0  # never: a failed top-level candidate has no container above
-        if lost.any():
-            parent[active[lost]] = NO_PARENT
-            active = active[~lost]
-    crosses = np.flatnonzero(~zero & (seen > ks + slack))
-    return parent, crosses
-
-
-def _depths(parent: np.ndarray) -> np.ndarray:
-    """The number of ancestors of each position, by pointer doubling over the parents."""
-    depth = (parent >= 0).astype(np.int32)
-    up = parent.copy()
-    live = np.flatnonzero(up >= 0).astype(parent.dtype)
-    while len(live):
-        a = up[live]
-        depth[live] += depth[a]  # reads the round's old values: synchronous list ranking
-        up[live] = up[a]
-        live = live[up[live] >= 0]
-    return depth
-
-
-def _through(index: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """index[at] where at >= 0, else NO_PARENT; overwrites `at`, which the caller gives up."""
-    none = at < 0
-    at[none] = 0
-    out = index[at]
-    out[none] = NO_PARENT
-    return out
+    start = np.asarray(start, np.int64)
+    end = np.asarray(end, np.int64)
+    t, t_keys = dense_codes(thread)
+    s, s_keys = dense_codes(sub)
+    group = t.astype(np.int64) * max(len(s_keys), 1) + s
+    parent, crossing, order = nest(group, start, end, max(len(t_keys) * len(s_keys), 1), slack)
+    return depths(parent, order), parent, crossing.astype(np.int64)
 
 
 def group_index(thread: np.ndarray, sub: np.ndarray | None = None) -> np.ndarray:
@@ -383,32 +328,22 @@ def packed_order(g: np.ndarray, ks: np.ndarray):
     return order, sk
 
 
-def _sort_order(ks: np.ndarray, ke: np.ndarray, g: np.ndarray):
-    """Rows by (group and start, end descending, row): one stable sort, then fix equal starts.
-    Also the keys in that order (fixing ties moves rows only among equal keys)."""
-    order, sk = packed_order(g, ks)
-    tied = np.flatnonzero(sk[1:] == sk[:-1])
-    if len(tied):
-        at = np.unique(np.concatenate([tied, tied + 1]))
-        sub = order[at]
-        order[at] = sub[np.lexsort((sub, -ke[sub], ks[sub]))]
-    return order, sk
+@njit(cache=True, nogil=True)
+def _climb(parent, is_outer, inner, found):
+    for j in range(len(inner)):
+        up = parent[inner[j]]
+        while up >= 0 and not is_outer[up]:
+            up = parent[up]
+        found[j] = up
 
 
 def enclosing(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """For each inner row, its nearest ancestor among the outer rows (-1 if none): the
-    containment the nesting found, climbed one level a round."""
-    found = np.full(len(inner), NO_PARENT, dtype=np.int64)
+    containment the nesting found, each parent chain climbed in one compiled pass."""
+    found = np.full(len(inner), NO_PARENT, dtype=position_type(len(table)))
     if len(inner) == 0 or len(outer) == 0:
         return found
     is_outer = np.zeros(len(table), bool)
     is_outer[outer] = True
-    pending = np.arange(len(inner))
-    up = table.parent[inner]
-    while len(pending):
-        live = up >= 0
-        pending, up = pending[live], up[live]
-        hit = is_outer[up]
-        found[pending[hit]] = up[hit]
-        pending, up = pending[~hit], table.parent[up[~hit]]
+    _climb(table.parent, is_outer, np.asarray(inner), found)
     return found

@@ -1,59 +1,28 @@
-"""Per-stage and per-node figures, aggregated in DuckDB in one pass: count, total, self, mean,
-p50/p90/p99 (nearest rank, DuckDB's quantile_disc: always a measured duration), min, max, device
-and kernel time; and each one's share of its parent: its time inside that parent over the
-parent's whole time.
+"""The stage tree and the flat stage table as the reports show them: per node and per stage its
+figures (figures.py: count, total, self, mean, p50/p90/p99, min, max, device and kernel time), and
+each one's share of its parent: its time inside that parent over the parent's whole time.
 """
 from __future__ import annotations
 
 import re
 
-import numpy as np
+from mmscope.analyze.ranges.figures import figures
 
-from mmscope import stages
-
-# Every step_meta range has its own name (it carries the step's shape): one stage for them all.
-STEP_META_STAGE = stages.STEP_META_PREFIX.rstrip(": ")
-PERCENTILES = (50, 90, 99)
 FIGURES = ("count", "total_ns", "self_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "min_ns",
            "max_ns", "device_ns", "kernel_ns")
 
-AGGREGATE = """
-SELECT node, stage, count(*), CAST(sum(dur) AS BIGINT), CAST(sum(self_ns) AS BIGINT),
-       min(dur), max(dur), quantile_disc(dur, [0.5, 0.9, 0.99]) {device}
-FROM (SELECT node, stage, "end" - start AS dur, self_ns {device_columns} FROM ranges)
-GROUP BY GROUPING SETS ((node), (stage))
-"""
-# A range's device span counts where it has one (device_ns -1: it launched nothing).
-DEVICE = (", CAST(coalesce(sum(device_ns) FILTER (WHERE device_ns >= 0), 0) AS BIGINT), "
-          "CAST(sum(kernel_ns) AS BIGINT)")
+
+def family_doc(family) -> dict | None:
+    """A stage's family as the JSON says it: its pattern and how many distinct names it holds."""
+    return None if family is None else {"pattern": family[0], "names": family[1]}
 
 
-def stage_names(names: list[str]) -> tuple[list[str], np.ndarray]:
-    """Stage list and the map name id -> stage id (step_meta names fold into one stage)."""
-    index: dict[str, int] = {}
-    prefix = stages.STEP_META_PREFIX
-    # One list, then one array: a numpy item assignment per name costs more than the lookup.
-    codes = [index.setdefault(STEP_META_STAGE if name.startswith(prefix) else name, len(index))
-             for name in names]
-    return list(index), np.array(codes, dtype=np.int32).reshape(len(names))
-
-
-def aggregate(sql, with_device: bool = False) -> tuple[dict[int, dict], dict[int, dict]]:
+def aggregate(frame) -> tuple[dict[int, dict], dict[int, dict]]:
     """The figures of every node and of every stage, keyed by their ids; device_ns and kernel_ns
     summed over the ranges (None without a device side)."""
-    by_node, by_stage = {}, {}
-    query = AGGREGATE.format(device=DEVICE if with_device else "",
-                             device_columns=", device_ns, kernel_ns" if with_device else "")
-    for node, stage, count, total, self_ns, low, high, pct, *dev in sql.rows(query):
-        device_ns, kernel_ns = dev if with_device else (None, None)
-        row = {"count": count, "total_ns": total, "self_ns": self_ns,
-               "mean_ns": (total + count // 2) // count,
-               **{f"p{p}_ns": int(v) for p, v in zip(PERCENTILES, pct)},
-               "min_ns": low, "max_ns": high, "device_ns": device_ns, "kernel_ns": kernel_ns}
-        if node is not None:
-            by_node[node] = row
-        else:
-            by_stage[stage] = row
+    device = (frame.ranges.get("device_ns"), frame.ranges.get("kernel_ns"))
+    by_node = figures(frame.table, frame.nodes.of_row, len(frame.nodes), *device)
+    by_stage = figures(frame.table, frame.ranges["stage"], len(frame.stages), *device)
     return by_node, by_stage
 
 
@@ -80,7 +49,8 @@ def flat(frame, by_node: dict, by_stage: dict, name_filter: str | None = None) -
         if pattern and not pattern.search(name):
             continue
         row = {"name": name, **figures, "parent": None, "share_of_parent": None,
-               "in_parent": None, "parent_count": None, "kernels": frame.kernels.get(s, [])}
+               "in_parent": None, "parent_count": None, "kernels": frame.kernels.get(s, []),
+               "family": family_doc(frame.families[s])}
         if s in usual:
             parent, count, time = usual[s]
             whole = by_stage[parent]["total_ns"]
@@ -120,7 +90,8 @@ def tree(frame, by_node: dict, name_filter: str | None = None) -> list[dict]:
                           / by_node[up]["total_ns"], 6)
         out.append({"id": ids[k], "parent": ids.get(up), "role": frame.roles[nodes.role[k]],
                     "name": frame.stages[nodes.stage[k]], "depth": int(nodes.depth[k]),
-                    **figures, "share_of_parent": share})
+                    **figures, "share_of_parent": share,
+                    "family": family_doc(frame.families[nodes.stage[k]])})
     return out
 
 
@@ -137,15 +108,3 @@ def _kept(frame, children: dict[int, list[int]], name_filter: str | None) -> set
                 keep.add(k)
                 k = int(nodes.parent[k])
     return keep
-
-
-def stage_stats(table, name_filter: str | None = None, workers: int | None = None) -> list[dict]:
-    """The flat per-stage table of a range table (what `mmscope compare` compares)."""
-    from mmscope.analyze import frame as frames
-
-    built = frames.build(table, workers)
-    try:
-        by_node, by_stage = aggregate(built.sql, built.table.device is not None)
-        return flat(built, by_node, by_stage, name_filter)
-    finally:
-        built.close()

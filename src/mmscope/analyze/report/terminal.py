@@ -1,89 +1,20 @@
-"""Run every computation on a RangeTable once, and render the result as JSON, CSV or rich tables.
+"""The analysis rendered for a terminal (rich tables) and as CSV (the flat stage table).
 
-The JSON holds what the terminal shows: profile, tree, stages, checks, steps, cache_benefit,
-per_step, cache (from a /metrics page).
+Names are printed as written: no text from the profile is read as rich markup.
 """
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 
-# Rendering runs on cached analyses too, without numpy: the computing modules load on first use.
+from mmscope.analyze.readers import malformed
+from mmscope.analyze.report.analysis import Analysis
+from mmscope.analyze.report.text import (catalogued, device_text, fmt_ns, fmt_share,
+                                         tree_prefixes, where_text)
+
 CSV_FIELDS = ("name", "count", "total_ns", "self_ns", "device_ns", "kernel_ns", "mean_ns",
               "p50_ns", "p90_ns", "p99_ns", "min_ns", "max_ns", "parent", "share_of_parent",
               "in_parent", "parent_count")
-DOC_KEYS = ("profile", "tree", "stages", "checks", "steps", "cache_benefit", "per_step")
 TREE_MIN_SHARE = 0.005  # the terminal's tree leaves out other nodes below this share of a role
-
-
-@dataclass
-class Analysis:
-    """Everything the outputs show; `cache` is the /metrics page's figures, read on every run
-    (the rest is what the analysis cache stores)."""
-
-    path: str
-    profile: dict
-    tree: list[dict]
-    stages: list[dict]
-    checks: list[dict]
-    steps: dict
-    cache_benefit: dict
-    per_step: dict | None
-    cache: dict | None = None
-
-    def to_json(self) -> dict:
-        return {**self.doc(), "cache": self.cache}
-
-    def doc(self) -> dict:
-        return {k: getattr(self, k) for k in DOC_KEYS}
-
-    @classmethod
-    def from_doc(cls, path: str, doc: dict) -> "Analysis":
-        """The analysis of a cache entry, under the path the user gave this time."""
-        profile = dict(doc["profile"])
-        profile["path"] = path
-        return cls(path=path, **{**{k: doc[k] for k in DOC_KEYS}, "profile": profile})
-
-
-def analyze(path: str, table, name_filter: str | None = None,
-            workers: int | None = None) -> Analysis:
-    from mmscope.analyze import benefit, checks, frame, per_step, stats, steps
-
-    built = frame.build(table, workers)
-    try:
-        by_node, by_stage = stats.aggregate(built.sql, table.device is not None)
-        pairs = steps.step_join(built)
-        step_table = steps.steps_of(built, pairs)
-        return Analysis(
-            path=path, profile=profile_info(path, built),
-            tree=stats.tree(built, by_node, name_filter),
-            stages=stats.flat(built, by_node, by_stage, name_filter),
-            checks=checks.run_all(built, pairs), steps=steps.summary(built, pairs),
-            cache_benefit=benefit.cache_benefit(built, step_table),
-            per_step=per_step.per_step(built, step_table))
-    finally:
-        built.close()
-
-
-def profile_info(path: str, built) -> dict:
-    from mmscope.analyze import device
-    from mmscope.analyze.table import MARK
-
-    table = built.table
-    work = table.device
-    n = len(table)
-    return {"path": path, "format": table.source, "clock": table.clock, "ranges": n,
-            "marks": int((table.kind == MARK).sum()),
-            "unclosed": int(table.unclosed.sum()),
-            "cross_thread": (0 if table.end_thread is table.thread  # one array: none crosses
-                             else int((table.end_thread != table.thread).sum())),
-            "threads": sum(len(p["threads"]) for p in built.processes),
-            "processes": built.processes, "roles": built.roles,
-            "span_ns": int(table.end.max() - table.start.min()) if n else 0,
-            "slack_ns": table.slack_ns,
-            "device": ({"available": False, "reason": table.no_device} if work is None else
-                       {"available": True, "source": work.source, "ops": len(work),
-                        "streams": device.streams(work)})}
 
 
 def write_csv(analysis: Analysis, path: str) -> None:
@@ -94,36 +25,40 @@ def write_csv(analysis: Analysis, path: str) -> None:
             w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_FIELDS})
 
 
-def fmt_ns(ns) -> str:
-    """A duration as people read it: 850 ns, 12.3 µs, 4.56 ms, 1.23 s."""
-    if ns is None:
-        return "-"
-    ns = float(ns)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.0f} ns"
-
-
-def fmt_share(share) -> str:
-    return "" if share is None else f"{100 * share:.1f}%"
-
-
 def make_console():
+    """The commands' report console, reading no markup: names are printed as written."""
     from mmscope.console import report_console
 
-    return report_console()
+    return report_console(markup=False, highlight=False)
+
+
+def text(plain: str, style: str = ""):
+    """A line or cell as written, whatever brackets it holds (rich reads none of it)."""
+    from rich.text import Text
+
+    return Text(plain, style=style)
+
+
+def named(row: dict) -> str:
+    """A stage as the tables show it: a family says how many names it holds."""
+    family = row.get("family")
+    return row["name"] + (f"  ({family['names']} names)" if family else "")
 
 
 def print_terminal(analysis: Analysis, console=None, flat: bool = False) -> None:
+    from rich.text import Text
+
     console = console or make_console()
     info = analysis.profile
-    console.print(f"[bold]{info['path']}[/bold]  {info['format']}  {info['ranges']} ranges, "
-                  f"{info['threads']} threads, {len(info['processes'])} processes, "
-                  f"span {fmt_ns(info['span_ns'])}"
-                  + (f", {info['unclosed']} unclosed" if info["unclosed"] else ""),
-                  highlight=False)
-    console.print(device_text(info["device"]), highlight=False)
+    console.print(Text.assemble((info["path"], "bold"), f"  {info['format']}  {info['ranges']} "
+                                f"ranges, {info['threads']} threads, "
+                                f"{len(info['processes'])} processes, "
+                                f"span {fmt_ns(info['span_ns'])}"
+                                + (f", {info['unclosed']} unclosed" if info["unclosed"] else "")))
+    console.print(text(device_text(info["device"])))
+    skipped = malformed.line(info.get("malformed"))
+    if skipped:
+        console.print(text(skipped, "yellow"))
     on_device = info["device"]["available"]
     if flat:
         console.print(_stage_table(analysis.stages, on_device))
@@ -131,63 +66,12 @@ def print_terminal(analysis: Analysis, console=None, flat: bool = False) -> None
         for role in info["roles"]:
             console.print(_tree_table(role, info["processes"], analysis.tree, on_device))
     for c in analysis.checks:
-        mark = "[green]ok[/green]  " if c["ok"] else "[red]FAIL[/red]"
-        console.print(f"{mark} {c['name']}: {c['detail']}", highlight=False)
-    console.print(_steps_text(analysis.steps), highlight=False)
-    console.print(_benefit_text(analysis.cache_benefit), highlight=False)
+        mark = ("ok  ", "green") if c["ok"] else ("FAIL", "red")
+        console.print(Text.assemble(mark, f" {c['name']}: {c['detail']}"))
+    console.print(text(_steps_text(analysis.steps)))
+    console.print(text(_benefit_text(analysis.cache_benefit)))
     if analysis.cache:
-        console.print(_cache_text(analysis.cache), highlight=False)
-
-
-def device_text(d: dict) -> str:
-    """The profile's device side in one line, or why it has none (said once)."""
-    if not d["available"]:
-        return f"device time: none ({d['reason']})"
-    streams = ", ".join(f"{s['stream']} {s['ops']} ops" for s in d["streams"][:6])
-    more = len(d["streams"]) - 6
-    return (f"device time: {d['ops']} GPU ops ({d['source']}) on {streams}"
-            + (f" and {more} more streams" if more > 0 else "")
-            + "; device = the span of the ops a range launched, kernels = their summed time")
-
-
-def where_text(role: str, processes: list[dict]) -> str:
-    """The processes and threads of a role, named where the profile names them."""
-    parts = []
-    for p in processes:
-        if p["role"] != role:
-            continue
-        threads = ", ".join(f"{t['tid']}" + (f" {t['name']}" if t["name"] else "")
-                            for t in p["threads"])
-        parts.append(f"pid {p['pid']}" + (f" {p['name']}" if p["name"] else "")
-                     + f" (thread {threads})")
-    return "; ".join(parts)
-
-
-def tree_prefixes(nodes: list[dict]) -> list[str]:
-    """Box-drawing prefixes of nodes listed depth first (├─, └─, │)."""
-    last_child = {}
-    for i, n in enumerate(nodes):
-        last_child[n["parent"]] = i
-    out, open_levels = [], []
-    for i, n in enumerate(nodes):
-        depth = n["depth"]
-        del open_levels[depth:]
-        if depth == 0:
-            out.append("")
-        else:
-            is_last = last_child[n["parent"]] == i
-            out.append("".join("│  " if o else "   " for o in open_levels[1:])
-                       + ("└─ " if is_last else "├─ "))
-        open_levels.append(depth == 0 or last_child[n["parent"]] != i)
-    return out
-
-
-def catalogued(name: str) -> bool:
-    """A range of mmscope's stage catalogue (docs/design.md §3), which the tree never hides."""
-    from mmscope import stages
-
-    return (name in stages.ALL_FIXED
-            or name.startswith((stages.HASH_PREFIX, stages.PROCESSOR_PREFIX, stages.MEDIA_PREFIX)))
+        console.print(text(_cache_text(analysis.cache)))
 
 
 def _tree_table(role: str, processes: list[dict], nodes: list[dict], on_device: bool):
@@ -205,18 +89,18 @@ def _tree_table(role: str, processes: list[dict], nodes: list[dict], on_device: 
     shown = [n for n in mine if n["id"] in kept]
     hidden = len(mine) - len(shown)
     if not shown:
-        return (f"{role}: {where_text(role, processes)}: {hidden} nodes outside the stage "
-                f"catalogue, each under {100 * TREE_MIN_SHARE:g}% of the role's time")
-    t = Table(title=f"{role}: {where_text(role, processes)}", title_justify="left",
-              caption=(f"{hidden} nodes outside the stage catalogue under "
-                       f"{100 * TREE_MIN_SHARE:g}% of the role's time not shown (--json, --html "
-                       "and --flat show every one)") if hidden else None,
+        return text(f"{role}: {where_text(role, processes)}: {hidden} nodes outside the stage "
+                    f"catalogue, each under {100 * TREE_MIN_SHARE:g}% of the role's time")
+    t = Table(title=text(f"{role}: {where_text(role, processes)}"), title_justify="left",
+              caption=text(f"{hidden} nodes outside the stage catalogue under "
+                           f"{100 * TREE_MIN_SHARE:g}% of the role's time not shown (--json, "
+                           "--html and --flat show every one)") if hidden else None,
               caption_justify="left")
     for col in ("stage", "count", "total", "self") + DEVICE_COLUMNS * on_device + (
             "mean", "p50", "p90", "p99", "% of parent"):
         t.add_column(col, justify="left" if col == "stage" else "right")
     for prefix, n in zip(tree_prefixes(shown), shown):
-        t.add_row(prefix + n["name"], str(n["count"]), fmt_ns(n["total_ns"]),
+        t.add_row(text(prefix + named(n)), str(n["count"]), fmt_ns(n["total_ns"]),
                   fmt_ns(n["self_ns"]), *_device_cells(n, on_device), fmt_ns(n["mean_ns"]),
                   fmt_ns(n["p50_ns"]), fmt_ns(n["p90_ns"]), fmt_ns(n["p99_ns"]),
                   fmt_share(n["share_of_parent"]))
@@ -240,11 +124,11 @@ def _stage_table(rows: list[dict], on_device: bool):
     for r in rows:
         parent = "" if r["parent"] is None else (
             f"{r['parent']} ({r['in_parent']} in {r['parent_count']})")
-        t.add_row(r["name"], str(r["count"]), fmt_ns(r["total_ns"]), fmt_ns(r["self_ns"]),
+        t.add_row(text(named(r)), str(r["count"]), fmt_ns(r["total_ns"]), fmt_ns(r["self_ns"]),
                   *_device_cells(r, on_device),
                   fmt_ns(r["mean_ns"]), fmt_ns(r["p50_ns"]), fmt_ns(r["p90_ns"]),
                   fmt_ns(r["p99_ns"]), fmt_ns(r["max_ns"]), fmt_share(r["share_of_parent"]),
-                  parent)
+                  text(parent))
     return t
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import html
 import json
 
-from mmscope.analyze.report import (Analysis, device_text, fmt_ns, fmt_share, tree_prefixes,
-                                    where_text)
-from mmscope.analyze.report_script import CSS, JS
+from mmscope.analyze.report.analysis import Analysis
+from mmscope.analyze.report.text import device_text, fmt_ns, fmt_share, tree_prefixes, where_text
+from mmscope.analyze.report.html_script import CSS, JS
 
 
 def write_html(analysis: Analysis, path: str) -> None:

@@ -14,12 +14,12 @@ MOVED_MIN_COUNT = 2    # a single range is no mean to compare
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from mmscope.analyze.commands.analyze import add_stage_options
+
     parser.add_argument("base", help="the baseline profile")
     parser.add_argument("new", help="the profile to compare against it")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--filter", metavar="REGEX", help="only stages whose name matches")
-    parser.add_argument("--workers", type=int, metavar="N",
-                        help="threads reading an SQLite file (default: one per core)")
+    add_stage_options(parser)
     parser.add_argument("--no-cache", action="store_true",
                         help="compute both stage tables even where the analysis cache holds them")
 
@@ -65,27 +65,33 @@ def _movers(rows: list[dict]) -> list[str]:
     return [r["name"] for r in ranked[:MOVED_TOP]]
 
 
-def _stages(path: str, name_filter: str | None, workers: int | None, no_cache: bool):
+def _stages(path: str, name_filter: str | None, workers: int | None, no_cache: bool,
+            raw_names: bool):
     """The stage table of a profile: from the analysis cache where `mmscope analyze` left it,
     else computed (the stage table only; compare stores nothing)."""
-    from mmscope.analyze import cache
+    from mmscope.analyze.commands import cache
 
-    doc = None if no_cache else cache.read(cache.key_for(path, name_filter))
+    doc = None if no_cache else cache.read(cache.key_for(path, name_filter, raw_names))
     if doc is not None:
         return doc["stages"]
     from mmscope.analyze import load
-    from mmscope.analyze.stats import stage_stats
+    from mmscope.analyze.readers import malformed
+    from mmscope.analyze.report.analysis import stage_stats
 
-    return stage_stats(load(path, workers=workers), name_filter)
+    table = load(path, workers=workers)
+    said = malformed.line(table.malformed.doc() if table.malformed else None)
+    if said:
+        print(f"mmscope: {path}: {said}", file=sys.stderr)
+    return stage_stats(table, name_filter, raw_names)
 
 
 def run(args) -> int:
-    from mmscope.analyze.command import check_regex, check_workers
+    from mmscope.analyze.commands.analyze import check_regex, check_workers
 
     check_regex(args.filter)
     check_workers(args.workers)
-    base = _stages(args.base, args.filter, args.workers, args.no_cache)
-    new = _stages(args.new, args.filter, args.workers, args.no_cache)
+    base = _stages(args.base, args.filter, args.workers, args.no_cache, args.raw_names)
+    new = _stages(args.new, args.filter, args.workers, args.no_cache, args.raw_names)
     result = {"base": args.base, "new": args.new, **compare(base, new)}
     if args.json:
         json.dump(result, sys.stdout, indent=1)
@@ -95,24 +101,27 @@ def run(args) -> int:
     return 0
 
 
-def _flag(row: dict) -> str:
+def _flag(row: dict):
+    from rich.text import Text
+
     if row["moved"]:
-        return "[bold red]moved[/bold red]"
+        return Text("moved", style="bold red")
     return "" if row["status"] == "both" else row["status"]
 
 
 def print_terminal(result: dict) -> None:
     from rich.table import Table
 
-    from mmscope.analyze.report import fmt_ns, make_console
+    from mmscope.analyze.report.terminal import make_console, text
+    from mmscope.analyze.report.text import fmt_ns
 
-    t = Table(title=f"{result['base']} -> {result['new']}", title_justify="left")
+    t = Table(title=text(f"{result['base']} -> {result['new']}"), title_justify="left")
     for col in ("stage", "count", "mean base", "mean new", "Δ mean", "Δ %", "total new", ""):
         t.add_column(col, justify="left" if col in ("stage", "") else "right")
     for r in result["stages"]:
         rb, rn = r["base"] or {}, r["new"] or {}
         pct = r.get("delta_mean_pct")
-        t.add_row(r["name"], f"{rb.get('count', 0)} -> {rn.get('count', 0)}",
+        t.add_row(text(r["name"]), f"{rb.get('count', 0)} -> {rn.get('count', 0)}",
                   fmt_ns(rb.get("mean_ns")), fmt_ns(rn.get("mean_ns")),
                   fmt_ns(r.get("delta_mean_ns")), "" if pct is None else f"{pct:+.1f}%",
                   fmt_ns(rn.get("total_ns")),
@@ -120,4 +129,4 @@ def print_terminal(result: dict) -> None:
     console = make_console()
     console.print(t)
     if result["moved_most"]:
-        console.print("moved most: " + ", ".join(result["moved_most"]), highlight=False)
+        console.print(text("moved most: " + ", ".join(result["moved_most"])))
