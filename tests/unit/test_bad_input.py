@@ -75,7 +75,7 @@ ROWS = [
      "--spool-dir {tmp}/missing/spool: folder does not exist"),
     ("record --spool-dir {file} -o {tmp}/r.sqlite -- true", "is not a folder"),
     # load: URLs that name no server, numbers out of range, an unreachable server, a bad plot path
-    ("load --url http://127.0.0.1:99999", "port 99999 is out of range (1-65535)"),
+    ("load --url http://127.0.0.1:99999", "is not a URL: Port out of range 0-65535"),
     ("load --url http://127.0.0.1:0", "port 0 is out of range"),
     ("load --url http://[::1", "is not a URL"),
     ("load --url 'http://127.0.0.1:9 x'", "contains a space"),
