@@ -107,17 +107,28 @@ class Server:
     async def _stream(self, body: bytes, what: str) -> Timing:
         start = time.perf_counter()
         first, usage = None, {}
-        async with self.http.post(self.base + CHAT_PATH, data=body, headers=JSON,
-                                  timeout=self.timeout) as response:
-            if response.status >= 400:
-                raise UserError(f"{what}: {_http_error(response.status, await response.read())}")
-            async for line in response.content:
+
+        def take(lines: list[bytes]) -> None:
+            nonlocal first, usage
+            for line in lines:
                 chunk = _sse_chunk(line, what)
                 if chunk is None:
                     continue
                 if first is None and chunk.get("choices"):
                     first = time.perf_counter()
                 usage = chunk.get("usage") or usage
+
+        async with self.http.post(self.base + CHAT_PATH, data=body, headers=JSON,
+                                  timeout=self.timeout) as response:
+            if response.status >= 400:
+                raise UserError(f"{what}: {_http_error(response.status, await response.read())}")
+            rest = b""
+            # Whatever has arrived, cut into lines here: the stream reader's line at a time costs
+            # a call a line, a third of an instant answer's time.
+            async for data in response.content.iter_any():
+                *lines, rest = (rest + data).split(b"\n")
+                take(lines)
+            take([rest])
         end = time.perf_counter()
         if first is None:
             raise UserError(f"{what}: the server's stream ended without a token")
