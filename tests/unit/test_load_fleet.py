@@ -164,7 +164,8 @@ def test_each_instance_has_its_share_in_the_report():
                    counters="/metrics of each instance")
     print_terminal(info, [level], console)
     text = console.export_text()
-    assert "the plan's lanes spread over 2 URLs; counters from /metrics of each instance" in text
+    assert "the plan spread over 2 URLs, each image to one; counters from /metrics of each " \
+        "instance" in text
     assert "each instance's share" in text
     rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in text.splitlines()
             if "http://a:1" in ln and ln.startswith("│")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 
 import pytest
@@ -207,6 +208,25 @@ def test_client_streams_text_first_and_reads_usage():
     assert (seen["model"], seen["max_tokens"], seen["temperature"]) == ("m", 2, 0.0)
     assert 0 <= timing.ttft_s <= timing.e2e_s
     assert (timing.prompt_tokens, timing.completion_tokens) == (30, 2)
+
+
+def test_a_stream_cut_anywhere_reads_the_same():
+    """Lines split across arrivals, and a last line (the usage) without its newline."""
+    usage = {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 1}}
+    whole = (sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
+             .removesuffix(b"data: [DONE]\n\n") + b"data: " + json.dumps(usage).encode())
+
+    async def handler(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for a, b in itertools.pairwise((0, 3, 20, len(whole) - 10, len(whole))):
+            await response.write(whole[a:b])
+            await asyncio.sleep(0.02)  # each piece its own arrival
+        await response.write_eof()
+        return response
+
+    timing = chat(handler)
+    assert (timing.prompt_tokens, timing.completion_tokens) == (12, 1)
 
 
 def test_chat_bodies_are_json_with_the_images_spliced_in():

@@ -10,6 +10,7 @@ from collections import defaultdict
 from mmscope.expose import readout
 
 Reading = dict[str, dict[str, float]]  # instance -> series key -> value
+ONE_PAGE = "/metrics of the server"
 
 
 class Pages:
@@ -22,7 +23,7 @@ class Pages:
         self.servers = servers
 
     def where(self) -> str:
-        return "/metrics of " + ("each instance" if len(self.servers) > 1 else "the server")
+        return "/metrics of each instance" if len(self.servers) > 1 else ONE_PAGE
 
     async def read(self) -> Reading:
         pages = await asyncio.gather(*(server.metrics() for server in self.servers))

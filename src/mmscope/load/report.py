@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from mmscope import stages
 from mmscope.load import epd, media, series, ttft
 from mmscope.load.fleet import Shard
+from mmscope.load.readings import ONE_PAGE
 from mmscope.load.sweep import LevelResult
 
 
@@ -39,7 +40,7 @@ class RunInfo:
     image_format: str = "png"
     shard: Shard = Shard(0)
     lanes: int = 1
-    counters: str = "/metrics of the server"
+    counters: str = ONE_PAGE
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -189,15 +190,16 @@ def header(info: RunInfo, levels: list[LevelResult]) -> str:
 
 def _fleet_line(info: RunInfo, levels: list[LevelResult]) -> str:
     """Where a run of several instances or shards sent its requests and read its counters."""
-    if len(info.urls) == 1 and info.shard.count == 1 and info.counters == RunInfo.counters:
+    if len(info.urls) == 1 and info.shard.count == 1 and info.counters == ONE_PAGE:
         return ""
-    part = ""
+    parts = []
     if info.shard.count > 1:
-        sent = levels[0].plan.requests if levels else ()
-        part = (f"shard {info.shard.index + 1} of {info.shard.count} ({len(sent)} of each "
-                f"level's {info.requests} requests, {info.lanes} lanes in all); ")
-    return (f"\n{part}the plan's lanes spread over {_count(len(info.urls), 'URL')}; counters "
-            f"from {info.counters}")
+        sent = len(levels[0].plan.requests) if levels else 0
+        parts.append(f"shard {info.shard.index + 1} of {info.shard.count} ({sent} of each "
+                     f"level's {info.requests} requests, {info.lanes} lanes in all)")
+    if len(info.urls) > 1:
+        parts.append(f"the plan spread over {len(info.urls)} URLs, each image to one")
+    return "\n" + "; ".join([*parts, f"counters from {info.counters}"])
 
 
 def _media_line(options: media.MediaOptions) -> str:
