@@ -17,8 +17,7 @@ from mmscope.errors import UserError
 from mmscope.load import client, plan, series
 from mmscope.load.client import Server, Timing
 from mmscope.load.plan import LevelPlan, PlannedRequest
-from mmscope.load.verdict import (EXCESS, EXPLAINED, MATCH, UNEXPLAINED, Observed, capacity_allows,
-                                  judge, lru_hits)
+from mmscope.load.verdict import EXCESS, EXPLAINED, MATCH, UNEXPLAINED, Observed, judge, lru_hits
 
 
 def first_uses(level: LevelPlan) -> dict[int, int]:
@@ -129,16 +128,14 @@ def test_lru_hits_never_evicts_images_in_use():
 ])
 def test_verdicts(hits, evictions, queries, status, words):
     level = scripted((0,), (1,), (0,), (2,), (1,), (0,))
-    seen = Observed(queries, hits, evictions, 32, 16)
-    verdict = judge(level, seen, capacity_allows(level, seen))
+    verdict = judge(level, Observed(queries, hits, evictions, 32, 16), lru_hits(level, 32, 16))
     assert verdict.status == status and words in verdict.text
     assert verdict.ok == (status != UNEXPLAINED)
 
 
 def test_verdict_without_capacity_figures():
     level = scripted((0,), (0,))
-    seen = Observed(2, 0, 0, None, None)
-    verdict = judge(level, seen, capacity_allows(level, seen))
+    verdict = judge(level, Observed(2, 0, 0, None, None))
     assert verdict.status == UNEXPLAINED and "capacity unknown" in verdict.text
     assert "LRU" not in verdict.text
 

@@ -10,8 +10,7 @@ from mmscope.load.client import Timing
 from mmscope.load.plan import LevelPlan, PlannedRequest
 from mmscope.load.report import RunInfo, level_json, print_terminal, run_json
 from mmscope.load.sweep import LevelResult, RequestResult
-from mmscope.load.verdict import (EXCESS, EXPLAINED, MATCH, UNEXPLAINED, Observed, capacity_allows,
-                                  judge)
+from mmscope.load.verdict import EXCESS, EXPLAINED, MATCH, UNEXPLAINED, Observed, judge, lru_hits
 
 
 def scripted(reuse: float, *images_per_request: tuple[int, ...]) -> LevelPlan:
@@ -28,8 +27,7 @@ LRU_AT_32 = 1  # two 16-embed slots: 0,1 | 0 hits | 2 evicts 1 | 1 misses, evict
 
 
 def verdict(hits: int, evictions: int, queries: int = 6):
-    seen = Observed(queries, hits, evictions, 32, 16)
-    return judge(SIX, seen, capacity_allows(SIX, seen))
+    return judge(SIX, Observed(queries, hits, evictions, 32, 16), lru_hits(SIX, 32, 16))
 
 
 CAPACITY = "capacity 32 embeds; an LRU of that size allows 1 hits"

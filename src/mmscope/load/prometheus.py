@@ -110,7 +110,7 @@ class Prometheus:
         return float((await self.query("time()"))[0]["value"][0])
 
     async def _scraped_since(self, since: float) -> None:
-        """Until every series of the fleet has a sample scraped after `since` (Prometheus' clock)."""
+        """Until each series of the fleet has a sample scraped after `since` (Prometheus' clock)."""
         stamps = f"timestamp({self.selector(series.exposed(series.QUERIES))})"
         wait_s = FRESH_SCRAPES * self.interval_s + FRESH_SLACK_S
         for _ in range(int(wait_s / POLL_S) + 1):

@@ -57,12 +57,6 @@ def lru_hits(plan: LevelPlan, capacity_embeds: int, embeds_per_image: int) -> in
     return int(((reach > 0) & (reach <= capacity_embeds)).sum())
 
 
-def capacity_allows(plan: LevelPlan, seen: Observed) -> int | None:
-    if not seen.capacity_embeds or not seen.embeds_per_image:
-        return None
-    return lru_hits(plan, seen.capacity_embeds, seen.embeds_per_image)
-
-
 def judge(plan: LevelPlan, seen: Observed, allows: int | None = None,
           routed: Bounds | None = None) -> Verdict:
     """Repeats spared the encoder by a hit or by the prefix cache, against the plan's repeats.
