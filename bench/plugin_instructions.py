@@ -16,11 +16,11 @@ process (tests/kit/otlp.py), so every configuration, the bare one too, pays vLLM
 mmscope's figure is what it adds to vLLM's request spans; each counted batch ends by exporting its
 spans (the tracer provider's force_flush), as the chrome traces are flushed.
 --runner v2 counts vLLM's Model Runner V2, run on this CPU through Triton's interpreter (the test
-suite's start-up, tests/data/runner_v2): its kernels, interpreted in Python, inflate the bare batch,
+suite's start-up, tests/kit/startup/runner_v2): its kernels, interpreted in Python, inflate the bare batch,
 so read V2's cost from the instructions added per request and per step.
 Under .venv-vllm034 (vLLM 0.34's own code, the suite's second environment) the engine is 0.34's:
 --runner v2 (its x86 runner, through Triton's interpreter) or standalone (its runner for CPUs
-without Triton, compiled ops only: the figure to read for 0.34), on tests/data/vllm034's start-up.
+without Triton, compiled ops only: the figure to read for 0.34), on tests/kit/startup/vllm034.
 Needs Valgrind (Debian: apt-get install valgrind) and a C compiler (bench/callgrind_mark.c marks
 the batches). Valgrind runs the engine about 130x slower: a 16-token batch takes about 25 s, a
 128-token one about 2 minutes, the engine's start about a minute.
@@ -76,7 +76,7 @@ def non_negative(text: str) -> int:
 def workload_batch(batch_no: int, requests: int) -> list[dict]:
     """Single-image requests; half the images repeat earlier ones of the batch (hits and misses
     both exercised); fresh images per batch, so that each batch does the same encoder work."""
-    from mmscope.demo.media import image
+    from mmscope.demo.inputs import image
 
     base = 100_000 * batch_no
     return [{"prompt": f"<s>user: <image>Question {i}?\nassistant:",
@@ -152,7 +152,8 @@ def child(args) -> None:
     from vllm import SamplingParams
 
     from mmscope.demo import tiny_model
-    from mmscope.vllm import engine_stats, step_telemetry
+    from mmscope.vllm.engine_core import handoff as engine_stats
+    from mmscope.vllm.worker import step_telemetry
     from mmscope.vllm.instrumentor import get_instrumentor
 
     from mmscope.emit import chrome, tracing

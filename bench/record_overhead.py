@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HEADERS = ROOT / "tests" / "data" / "record"
+HEADERS = ROOT / "tests" / "kit" / "nvtx_programs"
 
 PY_PAIRS = r"""
 import sys, time

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("mmscope.demo.command", "run the whole pipeline on a tiny built-in model on the CPU"),
     "tiny-model": ("mmscope.demo.tiny_model",
                    "build a tiny vision-language model directory that vLLM serves"),
-    "doctor": ("mmscope.vllm.doctor", "check every vLLM hook against the installed vLLM"),
+    "doctor": ("mmscope.doctor.command", "check every vLLM hook against the installed vLLM"),
     "analyze": ("mmscope.analyze.command", "per-stage table, checks and step join of a profile"),
     "compare": ("mmscope.analyze.compare_command", "per-stage deltas between two profiles"),
     "record": ("mmscope.record.command", "capture NVTX ranges of a command without Nsight Systems"),

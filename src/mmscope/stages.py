@@ -44,7 +44,7 @@ EMBED_INPUT_IDS = "gpu_model_runner: embed_input_ids"
 PREPARE_MM_INPUTS = "gpu_model_runner: prepare_mm_inputs"
 STEP_META_PREFIX = "step_meta: "
 
-# The disjoint children of `preprocess` (the seed's tree).
+# The disjoint children of `preprocess` (docs/design.md §3).
 PREPROCESS_SIBLINGS = (EC_LOAD, VIT_FORWARD, EC_SAVE, GATHER_MM_EMBEDDINGS, EMBED_INPUT_IDS,
                        PREPARE_MM_INPUTS)
 

@@ -14,13 +14,13 @@ def tiny_model_environment():
     in-process engines, through PYTHONPATH for the servers and scripts the tests start. The
     opt-in TTFT split is on for every engine and server the tests start, so that each is checked
     with it (tests/unit/test_metrics.py checks it off)."""
-    from mmscope.carry import ttft
+    from mmscope.carry import ttft_split
     from mmscope.demo import environment
 
     environment.install()
     patch = pytest.MonkeyPatch()
     patch.setenv("PYTHONPATH", environment.pythonpath(os.environ.get("PYTHONPATH")))
-    patch.setenv(ttft.ENV, "1")
+    patch.setenv(ttft_split.ENV, "1")
     yield
     patch.undo()
 

@@ -18,7 +18,7 @@ from mmscope.cache_size import model, trace
 pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tests" / "engine" / "cache_size_run.py"
+SCRIPT = "tests.kit.cache_size_run"
 RECORDED, SMALLER = 256, (64, 32)
 
 
@@ -38,7 +38,7 @@ def runs(tiny_model, tmp_path_factory):
     for cap in (RECORDED, *SMALLER):
         extra = ["--log", str(log)] if cap == RECORDED else []
         procs[cap] = subprocess.Popen(
-            [sys.executable, str(SCRIPT), tiny_model, str(cap), *extra], cwd=REPO,
+            [sys.executable, "-m", SCRIPT, tiny_model, str(cap), *extra], cwd=REPO,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return str(log), {cap: _result(p) for cap, p in procs.items()}
 

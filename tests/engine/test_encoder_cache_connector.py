@@ -15,7 +15,7 @@ from tests.kit import runners, traces as tk
 
 pytestmark = [pytest.mark.vllm, pytest.mark.runners]
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_role(role, model, shared, seeds, trace_dir):
@@ -23,9 +23,9 @@ def run_role(role, model, shared, seeds, trace_dir):
     env = dict(os.environ, MMSCOPE_TRACE="chrome", MMSCOPE_TRACE_DIR=str(trace_dir),
                **(runners.V1_ONLY if role == "ec_producer" else {}))
     proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "ec_connector_run.py"), role, model, str(shared),
+        [sys.executable, "-m", "tests.kit.ec_connector_run", role, model, str(shared),
          ",".join(map(str, seeds))],
-        capture_output=True, text=True, timeout=300, env=env)
+        capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])

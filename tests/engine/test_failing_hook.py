@@ -3,7 +3,7 @@ answers every request as a server without the failure does, and the hook is loud
 look: `vllm:mmscope_hook_off` on /metrics, the stats line, `mmscope doctor --url/--log`; the
 encoder-cache figures it fed are withdrawn, never left to read as zeros.
 
-The failure comes from the test's side: tests/data/failing_hook/sitecustomize.py on the server's
+The failure comes from the test's side: tests/kit/startup/failing_hook/sitecustomize.py on the server's
 PYTHONPATH (EngineCore is a spawned process, and sitecustomize is imported in each of them).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.kit.server import chat, metrics
 pytestmark = pytest.mark.vllm
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "data", "failing_hook")
+                        "kit", "startup", "failing_hook")
 HOOK = "scheduler.allocate"  # the hook that calls EncoderCacheLedger.allocated
 # Read from the file, not imported: importing it would break the ledger in this process too.
 MESSAGE = re.search(r'MESSAGE = "(.*)"',

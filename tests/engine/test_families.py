@@ -10,7 +10,7 @@ import time
 import pytest
 
 from mmscope import stages
-from mmscope.demo import media, tiny_model
+from mmscope.demo import inputs, tiny_model
 from mmscope.emit import tracing
 from tests.kit import otlp, traces as tk
 from tests.kit.engine import EncoderWork, counters, offline_llm
@@ -188,13 +188,13 @@ def test_vit_forward_nested_in_preprocess(family):
 def test_images_of_different_sizes_weigh_their_embeddings(family):
     """Qwen2.5-VL sizes an image's embeddings by its pixels: a wide image weighs twice a square
     one in the embedding counters, as in the encoder's own output."""
-    from mmscope.demo import media
+    from mmscope.demo import inputs
 
     arch, fam, llm, trace_dir, work = family
     square, wide = (810, (56, 56)), (811, (112, 56))
 
     def ask(images, text):
-        data = [media.image(seed, size) for seed, size in images]
+        data = [inputs.image(seed, size) for seed, size in images]
         return {"prompt": f"user: {fam.IMAGE_PART * len(images)}{text}\nassistant:",
                 "multi_modal_data": {"image": data[0] if len(data) == 1 else data}}
 
@@ -234,7 +234,7 @@ def wav(i: int) -> bytes:
 
     import soundfile
 
-    samples, rate = media.audio(i)
+    samples, rate = inputs.audio(i)
     buf = io.BytesIO()
     soundfile.write(buf, samples, rate, format="WAV")
     return buf.getvalue()

@@ -10,12 +10,12 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run(model, *args, env=None):
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "results_run.py"), model, *args],
-                          capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([sys.executable, "-m", "tests.kit.results_run", model, *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
                           env=dict(os.environ, **(env or {})))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from mmscope.demo.media import image  # noqa: F401 - distinct content per seed, for the tests
+from mmscope.demo.inputs import image  # noqa: F401 - distinct content per seed, for the tests
 from mmscope.expose import readout
 
 

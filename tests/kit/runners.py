@@ -1,6 +1,6 @@
 """The model runner the engine tests use: V1 (vLLM CPU's default), or with MMSCOPE_TEST_RUNNER=v2
 Model Runner V2, run on CPU through Triton's interpreter (the test-only start-up of
-tests/data/runner_v2; never in users' processes). `make test` runs the suite once on V1, then the
+tests/kit/startup/runner_v2; never in users' processes). `make test` runs the suite once on V1, then the
 engine tests marked `runners` once more on V2."""
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import runpy
 
 V1, V2 = "v1", "v2"
 ENV = "MMSCOPE_TEST_RUNNER"
-V2_STARTUP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
-                          "runner_v2")
+V2_STARTUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup", "runner_v2")
 
 
 def current() -> str:

@@ -31,12 +31,12 @@ def data_url(i: int) -> str:
 
 
 def video_data_url(i: int, frames: int = 4, size=(56, 56), fps: float = 2.0) -> str:
-    """An mp4 of mmscope.demo.media.video(i): vLLM decodes it with OpenCV, which it installs."""
+    """An mp4 of mmscope.demo.inputs.video(i): vLLM decodes it with OpenCV, which it installs."""
     import cv2
 
-    from mmscope.demo import media
+    from mmscope.demo import inputs
 
-    array, _ = media.video(i, frames, size, fps)
+    array, _ = inputs.video(i, frames, size, fps)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "clip.mp4")
         writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), fps, size)

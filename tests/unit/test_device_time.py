@@ -12,7 +12,7 @@ import pytest
 from mmscope import stages
 from mmscope.emit import stage_timer
 from mmscope.emit.stage_timer import WORKER, DeviceEventClock, HostClock, StageCollector
-from mmscope.vllm import worker_stages
+from mmscope.vllm.worker import preprocess_stages as worker_stages
 
 
 class Stream:

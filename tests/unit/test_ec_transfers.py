@@ -11,9 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mmscope import stages
 from mmscope.emit.stage_timer import WORKER
-from mmscope.expose.metrics import DIRECTIONS, EncoderCacheProm
-from mmscope.vllm import patching, worker_stages
-from mmscope.vllm.ec_connector import TRANSFERS
+from mmscope.carry.transfers import DIRECTIONS
+from mmscope.expose.metrics import EncoderCacheProm, MetricClasses
+from mmscope.vllm import patching
+from mmscope.vllm.worker import preprocess_stages as worker_stages
+from mmscope.carry.transfers import TRANSFERS
 from mmscope.vllm.patching import Hook
 
 
@@ -89,7 +91,7 @@ def exposition(registry) -> dict[tuple, float]:
 
 def prom(registry, ec_connector: bool) -> EncoderCacheProm:
     classes = [functools.partial(c, registry=registry) for c in (Counter, Gauge, Histogram)]
-    return EncoderCacheProm(*classes, {0: ["tiny", "0"], 1: ["tiny", "1"]}, ["image"], 64,
+    return EncoderCacheProm(MetricClasses(*classes), {0: ["tiny", "0"], 1: ["tiny", "1"]}, ["image"], 64,
                             ec_connector=ec_connector)
 
 

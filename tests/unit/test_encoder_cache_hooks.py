@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mmscope.carry.ledger import Decision
-from mmscope.vllm import engine_state, targets
+from mmscope.vllm import targets
+from mmscope.vllm.engine_core import state as engine_state
 from mmscope.vllm.patching import Status
 
 HOOKS = ("encoder_cache.local_hit", "encoder_cache.deferral", "encoder_cache.free")

@@ -86,10 +86,10 @@ def reference_patchify(frames, patch, merge, temporal):
 
 
 def test_video_patches_are_laid_out_as_transformers_lays_them_out():
-    from mmscope.demo import media
+    from mmscope.demo import inputs
     from mmscope.demo.qwen_video import QwenVideoProcessorNumpy, _patchify
 
-    frames, metadata = media.video(3, frames=4, size=(56, 84))  # 84 high, 56 wide
+    frames, metadata = inputs.video(3, frames=4, size=(56, 84))  # 84 high, 56 wide
     patches, grid = _patchify(frames.astype(np.float32), 14, 2, 2)
     np.testing.assert_array_equal(patches, reference_patchify(frames.astype(np.float32), 14, 2, 2))
     assert grid == [2, 6, 4]
@@ -102,10 +102,10 @@ def test_video_patches_are_laid_out_as_transformers_lays_them_out():
 
 
 def test_frames_of_another_size_are_resized_to_whole_merged_patches():
-    from mmscope.demo import media
+    from mmscope.demo import inputs
     from mmscope.demo.qwen_video import QwenVideoProcessorNumpy
 
-    frames, metadata = media.video(4, frames=3, size=(60, 60))
+    frames, metadata = inputs.video(4, frames=3, size=(60, 60))
     processor = QwenVideoProcessorNumpy(size={"shortest_edge": 56 * 56, "longest_edge": 2 * 56 * 56})
     out = processor([frames], video_metadata=[metadata])
     assert out["video_grid_thw"].tolist() == [[2, 4, 4]]  # 3 frames padded to 4; 60 -> 56 pixels

@@ -1,7 +1,7 @@
 """One plan over many instances and processes, without an engine: the plan's lanes, the shards'
 disjoint parts, the spread over instances, a router's bounds and their verdict, each instance's
-share in the report; and runs against stand-in servers, two --url, two shards at once, and a real
-Prometheus scraping them (the real servers: tests/engine/test_load_fleet.py)."""
+share in the report; and runs against stand-in servers, two --url and two shards at once (with
+Prometheus: tests/tools/test_load_prometheus.py; the real servers: tests/engine/test_load_fleet.py)."""
 from __future__ import annotations
 
 import argparse
@@ -20,8 +20,7 @@ from mmscope.load.fleet import Shard, bounds
 from mmscope.load.plan import LevelPlan, PlannedRequest
 from mmscope.load.prometheus import matcher, seconds
 from mmscope.load.verdict import EXPLAINED, MATCH, ROUTED, UNEXPLAINED, Observed, judge
-from tests.kit.cli import one_line_error
-from tests.kit.stand_in import RUN_TIMEOUT_S, ImageCache, chat_stand_in, load, load_json
+from tests.kit.stand_in import RUN_TIMEOUT_S, ImageCache, chat_stand_in, load_json
 
 
 def lane_of_images(level: LevelPlan) -> dict[int, set[int]]:
@@ -240,42 +239,3 @@ def test_two_shards_at_once_make_up_the_plan():
         assert sum(lv["observed_queries"] for lv in levels) == planned.images
     assert [s["shard"] for s in shards] == [{"part": 1, "of": 2, "lanes": 2},
                                             {"part": 2, "of": 2, "lanes": 2}]
-
-
-@pytest.fixture(scope="module")
-def scraped_stand_ins(tmp_path_factory):
-    """Two stand-ins and a real Prometheus scraping both every second."""
-    from tests.kit.prometheus import Prometheus
-
-    caches = [ImageCache(capacity=1000), ImageCache(capacity=1000)]
-    with chat_stand_in(caches[0]) as a, chat_stand_in(caches[1]) as b:
-        targets = [url.removeprefix("http://") for url in (a, b)]
-        with Prometheus(targets, str(tmp_path_factory.mktemp("prometheus"))) as prom:
-            for target in targets:  # scraped once: the fleet's series are there
-                prom.wait_for_scrape_after(
-                    f'{series.exposed(series.QUERIES)}{{instance="{target}"}}', 0)
-            yield a, b, prom
-
-
-def test_counters_from_prometheus_as_a_router_would_leave_them(scraped_stand_ins):
-    a, b, prom = scraped_stand_ins
-    out = load_json(a, "--url", b, "--prometheus", prom.url, "--prometheus-match",
-                    '{job="vllm"}', *SWEEP[:2], "--seed", "22", *SWEEP[4:])
-    assert out["counters"] == f'Prometheus {prom.url} {{job="vllm"}}'
-    for level in out["levels"]:
-        # counted by instance as Prometheus labels them; the client's spread is unknown there
-        assert set(level["instances"]) == {a.removeprefix("http://"), b.removeprefix("http://")}
-        assert level["router"]["instances"] == 2
-        assert level["observed_hits"] == level["planned_hits"] == level["router"]["affine_hits"]
-        assert level["verdict"]["status"] == MATCH
-        assert all(share["planned_hits"] is None for share in level["instances"].values())
-
-
-@pytest.mark.parametrize("match,says", [
-    ('{job=}', 'Prometheus refused it: '),
-    ('{job="nothing"}', 'no vllm:encoder_cache_queries_total series: does it scrape the fleet'),
-])
-def test_a_matcher_prometheus_refuses_or_that_matches_nothing(scraped_stand_ins, match, says):
-    a, _, prom = scraped_stand_ins
-    done = load(a, "--prometheus", prom.url, "--prometheus-match", match, "--seed", "1")
-    assert says in one_line_error(done)

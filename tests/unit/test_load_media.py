@@ -8,7 +8,7 @@ import json
 import httpx
 
 from mmscope.load import plan
-from mmscope.load.media import MediaOptions, Urls
+from mmscope.load.media_urls import MediaOptions, Urls
 from mmscope.load.media_server import MediaServer
 
 

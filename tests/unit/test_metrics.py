@@ -11,9 +11,11 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mmscope import stages
-from mmscope.carry.ledger import SOURCES, Decision, EncoderCacheLedger, Item
+from mmscope.carry.ledger import Decision, EncoderCacheLedger, Item
+from mmscope.vocabulary import HIT_SOURCES as SOURCES
 from mmscope.emit.stage_timer import FRONTEND
-from mmscope.vllm import stat_loggers as sl
+from mmscope.vllm.api_server import hooks_off
+from mmscope.vllm.api_server import stats_line as line_windows
 from mmscope.vllm.patching import Status
 
 METRICS_HOOKS = ("prometheus.create", "stat_loggers.record", "log_line.format")
@@ -130,8 +132,8 @@ def test_the_manager_hook_feeds_every_logger_of_vllms_manager(vllm_config, metri
     assert s[("vllm:encoder_cache_hits_by_source_total", "0", "local")] == 1
     assert s[("vllm:encoder_cache_usage_embeds", "0", None)] == 32
     assert s[("vllm:encoder_cache_hits_total", "1", None)] == 0
-    assert sl._windows[per_engine[0]].hits.hit_rate == 0.5
-    assert per_engine[1] not in sl._windows  # another engine's logger
+    assert line_windows._windows[per_engine[0]].hits.hit_rate == 0.5
+    assert per_engine[1] not in line_windows._windows  # another engine's logger
 
 
 def test_two_emissions_add_up_and_the_gauges_take_the_last(vllm_config, metrics_hooks):
@@ -233,8 +235,8 @@ def test_the_api_servers_media_counts_reach_metrics_and_the_stats_line(vllm_conf
     """Two http images fetched though the processor cache held them (0.8 s and 0.4 s), their
     bytes, a failed fetch: on /metrics with the next stats recorded, and on the next stats line
     only (it says what happened since the one before)."""
-    from mmscope.carry.media import Item
-    from mmscope.vllm import media
+    from mmscope.carry.media_loads import Item
+    from mmscope.vllm.api_server import media_items as media
 
     mgr = manager(vllm_config)
     for ns in (800_000_000, 400_000_000):
@@ -301,7 +303,7 @@ def test_the_ttft_split_is_applied_and_exposed_only_with_its_switch(vllm_config,
                                                                    monkeypatch, switch):
     """MMSCOPE_TTFT_PARTS=1 applies the two API-server hooks and makes the split's series at 0;
     without it neither, and doctor's status says how to turn it on."""
-    from mmscope.vllm import request_times
+    from mmscope.vllm.api_server import request_times
     from mmscope.vllm.instrumentor import get_instrumentor
 
     monkeypatch.setenv("MMSCOPE_TTFT_PARTS", switch)
@@ -337,7 +339,7 @@ def hook_off_samples() -> dict[tuple[str, str], float]:
 @pytest.fixture
 def no_hooks_off():
     yield
-    sl.HOOKS_OFF.clear()
+    hooks_off.OFF.clear()
 
 
 def test_a_hook_turned_off_in_an_engine_is_said_and_its_counts_withdrawn(

@@ -7,8 +7,9 @@ import functools
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mmscope.carry.ledger import SOURCES, Decision, EncoderCacheLedger, Item
-from mmscope.expose.metrics import COUNTERS, LABELED, EncoderCacheProm
+from mmscope.carry.ledger import Decision, EncoderCacheLedger, Item
+from mmscope.expose.metrics import COUNTERS, LABELED, EncoderCacheProm, MetricClasses
+from mmscope.vocabulary import HIT_SOURCES as SOURCES
 
 ENGINES = {0: ["tiny", "0"], 1: ["tiny", "1"]}
 
@@ -16,7 +17,7 @@ ENGINES = {0: ["tiny", "0"], 1: ["tiny", "1"]}
 def _prom(modalities=(), capacity=None, engines=None, bytes_per_embed=None):
     registry = CollectorRegistry()
     classes = (functools.partial(cls, registry=registry) for cls in (Counter, Gauge, Histogram))
-    return registry, EncoderCacheProm(*classes, engines or {0: ["tiny", "0"]}, modalities,
+    return registry, EncoderCacheProm(MetricClasses(*classes), engines or {0: ["tiny", "0"]}, modalities,
                                       capacity, bytes_per_embed=bytes_per_embed)
 
 

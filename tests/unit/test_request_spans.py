@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mmscope.carry import request_facts as rf, ttft
+from mmscope.carry import request_facts as rf, ttft_split as ttft
 from mmscope.carry.ledger import Decision, Item
 from mmscope.carry.span_join import HELD, HOLD_S, SpanJoin
 from mmscope.expose import otlp
-from mmscope.vllm.engine_state import EngineState
+from mmscope.vllm.engine_core.state import EngineState
 
 PARTS = {"media": 0.006, "render": 0.003, "processor": 0.001, "queue": 0.002, "encoder": 0.030,
          "ec_load": 0.004, "prefill": 0.050, "other": 0.003}

@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from mmscope.emit.stage_timer import WORKER
-from mmscope.expose.metrics import STAGE_BUCKETS, STAGE_HISTOGRAM, EncoderCacheProm
-from mmscope.vllm import runner_output
+from mmscope.expose.metrics import STAGE_BUCKETS, STAGE_HISTOGRAM, EncoderCacheProm, MetricClasses
+from mmscope.vllm.worker import outputs as runner_output
 from mmscope.vllm.patching import Hook
-from mmscope.vllm.runner_output import SENT_DURATIONS
+from mmscope.vllm.wire.runner_output import DURATIONS as SENT_DURATIONS
 
 STAGE = "gpu_model_runner: vit_forward"
 
@@ -25,7 +25,7 @@ def _exposition(registry) -> list[str]:
 def _ours():
     registry = CollectorRegistry()
     classes = (functools.partial(cls, registry=registry) for cls in (Counter, Gauge, Histogram))
-    prom = EncoderCacheProm(*classes, {0: ["tiny", "0"], 1: ["tiny", "1"]})
+    prom = EncoderCacheProm(MetricClasses(*classes), {0: ["tiny", "0"], 1: ["tiny", "1"]})
     return registry, prom
 
 

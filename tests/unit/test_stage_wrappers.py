@@ -12,7 +12,8 @@ import wrapt
 from mmscope import stages
 from mmscope.emit import tracing
 from mmscope.emit.stage_timer import FRONTEND, MAX_PER_STAGE, WORKER
-from mmscope.vllm import patching, targets, worker_stages
+from mmscope.vllm import patching, targets
+from mmscope.vllm.worker import preprocess_stages as worker_stages
 from mmscope.vllm.patching import Hook, Status
 from tests.kit import traces as tk
 

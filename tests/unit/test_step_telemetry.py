@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mmscope import stages
 from mmscope.emit import step_shape, tracing
 from mmscope.log import logger as mmscope_logger
-from mmscope.vllm import step_telemetry
+from mmscope.vllm.worker import step_telemetry
 from mmscope.vllm.patching import Hook
 from tests.kit import traces as tk
 

@@ -48,11 +48,11 @@ def test_weight_keys_take_vllm_layouts():
 def test_audio_tokens_as_the_processor_counts_them():
     from transformers import Qwen2AudioProcessor, WhisperFeatureExtractor
 
-    from mmscope.demo import media
+    from mmscope.demo import inputs
 
     processor = Qwen2AudioProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=128),
                                     tokenizer=tiny_qwen2_audio.build_tokenizer())
-    samples, _ = media.audio(1, tiny_qwen2_audio.CLIP_S)
+    samples, _ = inputs.audio(1, tiny_qwen2_audio.CLIP_S)
     out = processor(text=tiny_qwen2_audio.AUDIO_PART, audio=[samples], sampling_rate=16_000)
     audio_id = processor.tokenizer.convert_tokens_to_ids("<|AUDIO|>")
     assert list(out["input_ids"][0]).count(audio_id) == tiny_qwen2_audio.AUDIO_TOKENS

@@ -132,9 +132,8 @@ def test_chrome_and_torch_together_hold_the_same_tree(tmp_path):
 
     assert tracing.configure("chrome,torch", str(tmp_path / "chrome")) == ("chrome", "torch")
     try:
-        @tracing.span("decorated")
         def work(x):
-            with tracing.span("inner"):
+            with tracing.span("decorated"), tracing.span("inner"):
                 return x * 2
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -82,10 +82,10 @@ def test_chrome_nesting_durations_and_mark(chrome):
     assert {"process_name", "thread_name"} <= {m["name"] for m in meta}
 
 
-def test_chrome_decorator_and_threads_get_own_tracks(chrome):
-    @tracing.span("work")
+def test_chrome_threads_get_own_tracks(chrome):
     def work(x):
-        return x * 2
+        with tracing.span("work"):
+            return x * 2
 
     results = []
     threads = [threading.Thread(target=lambda: results.append(work(3)), name=f"t{i}")
@@ -172,43 +172,6 @@ def test_vllm_nvtx_switch_turns_nvtx_on(monkeypatch):
     finally:
         monkeypatch.delenv("VLLM_NVTX_SCOPES_FOR_PROFILING")
         tracing.configure("off")
-
-
-def test_nvtx_backend_through_a_real_nvtx_tool(tmp_path):
-    """With a tool attached (mmscope record's NVTX injection), spans become real NVTX push/pop
-    ranges: names, nesting, zero-duration marks and one track per thread."""
-    import sqlite3
-
-    prog = tmp_path / "prog.py"
-    prog.write_text(textwrap.dedent("""
-        import threading, time
-        from mmscope.emit import tracing
-        assert tracing.active() == ("nvtx",), tracing.active()
-        def work():
-            with tracing.span("outer"):
-                time.sleep(0.01)
-                with tracing.span("inner"):
-                    tracing.mark("step_meta: prefill=1 decode=0 total=1 reqs=1")
-        work()
-        t = threading.Thread(target=work); t.start(); t.join()
-    """))
-    out = tmp_path / "run.sqlite"
-    env = dict(os.environ, MMSCOPE_TRACE="nvtx")
-    proc = subprocess.run([sys.executable, "-m", "mmscope.cli", "record", "-o", str(out), "--",
-                           sys.executable, str(prog)], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    rows = sqlite3.connect(out).execute(
-        "SELECT coalesce(e.text, s.value), e.start, e.end, e.globalTid, e.eventType "
-        "FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
-        "WHERE e.eventType = 59 ORDER BY e.start").fetchall()
-    names = [r[0] for r in rows]
-    assert names == ["outer", "inner", "step_meta: prefill=1 decode=0 total=1 reqs=1"] * 2
-    assert len({r[3] for r in rows}) == 2  # two threads, two tracks
-    for i in (0, 3):
-        outer, inner, mark = rows[i:i + 3]
-        assert outer[1] <= inner[1] <= mark[1] <= mark[2] <= inner[2] <= outer[2]
-        assert mark[2] - mark[1] < 1_000_000  # a push and an immediate pop
-        assert outer[2] - outer[1] >= 10_000_000
 
 
 def test_chrome_keeps_nanoseconds_and_thread_ids_exactly(tmp_path):

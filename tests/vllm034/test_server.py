@@ -12,7 +12,7 @@ import pytest
 
 from mmscope import stages
 from mmscope.demo.tiny_model import IMAGE_TOKENS
-from tests.kit import otlp, traces
+from tests.kit import otlp, traces, vllm034
 from tests.kit.server import chat, histograms, metrics
 
 WORKLOAD = [([3401], "What is this?"), ([3401], "And this?"), ([], "Text only"),
@@ -80,6 +80,27 @@ def test_every_hook_of_this_release_is_on_and_none_turned_off(served):
     worker = re.search(r"mmscope: this worker runs Model Runner V2 \(\w+\): (\d+) of its (\d+) "
                        r"hooks applied; the other runner's", log)
     assert worker and worker[1] == worker[2], log[-3000:]
+
+
+def test_the_runner_line_and_the_hook_series_count_this_runners_rows(served):
+    """0.34 has two V2 code bases: the worker counts its own rows and the other's apart, and the
+    series of hooks turned off list the rows that can fire here, not the other code base's."""
+    from mmscope.vllm import runners, targets
+    from mmscope.vllm.patching import in_release
+
+    srv, _, after, _ = served
+    mine = runners.V2_STANDALONE if vllm034.current() == vllm034.STANDALONE else runners.V2
+    other = runners.V2 if mine == runners.V2_STANDALONE else runners.V2_STANDALONE
+    rows = [h for h in targets.TABLE if in_release(h, "0.34.0")]
+    own = [h for h in rows if h.runner == mine]
+    line = re.search(r"mmscope: this worker runs Model Runner V2 \((\w+)\): (\d+) of its (\d+) "
+                     r"hooks applied; the other runner's (\d+) hooks \(([^)]*)\) do not apply here",
+                     srv.log_text())
+    assert line, srv.log_text()[-3000:]
+    assert int(line[4]) == sum(h.runner == other for h in rows) and line[5] == runners.SHORT[other]
+    assert len(own) >= int(line[3]) > 0  # the rows that open ranges count only while tracing
+    listed = {re.search(r"hook=([^,}]+)", k)[1] for k in after if k.startswith("mmscope_hook_off{")}
+    assert listed == {h.name for h in rows if h.runner in (None, mine)}
 
 
 def test_the_stats_line_carries_the_encoder_hit_rate(served):

@@ -20,10 +20,9 @@ TRACE_SUFFIXES = (".json", ".json.gz")  # the files of a trace folder, as format
 def directory() -> str:
     """$XDG_CACHE_HOME/mmscope/analyze, or ~/.cache/mmscope/analyze (XDG: relative paths are
     ignored)."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mmscope", "analyze")
+    from mmscope.cache_dir import cache_dir
+
+    return cache_dir("analyze")
 
 
 def key_for(path: str, name_filter: str | None) -> dict | None:

@@ -110,12 +110,9 @@ def fmt_share(share) -> str:
 
 
 def make_console():
-    """A rich console; piped output gets wide lines rather than 80 columns of wrapped names."""
-    import sys
+    from mmscope.console import report_console
 
-    from rich.console import Console
-
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    return report_console()
 
 
 def print_terminal(analysis: Analysis, console=None, flat: bool = False) -> None:

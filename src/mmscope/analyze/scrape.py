@@ -1,7 +1,7 @@
 """The encoder cache as vLLM's /metrics page shows it (a saved page or a live URL): counters, hit
 rate, hits by source, and the time to first token by part of hits and misses (mean, p50, p90).
 
-Read with the load verifier's own readers (`mmscope.load.series`, `mmscope.load.ttft`).
+Read with the load verifier's own readers (`mmscope.load.series`, `mmscope.load.ttft_parts`).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from mmscope.errors import UserError
 
 def read(source: str) -> dict:
     from mmscope.expose import readout
-    from mmscope.load import series, ttft
+    from mmscope.load import series, ttft_parts
 
     text = fetch(source)
     try:
@@ -33,8 +33,8 @@ def read(source: str) -> dict:
            "usage_embeds": _int(values.get(series.USAGE)),
            "ttft": None}
     if series.ttft_requests(values):
-        split = ttft.split(values, [])
-        out["ttft"] = {o: split[o] for o in ttft.OUTCOMES}
+        split = ttft_parts.split(values, [])
+        out["ttft"] = {o: split[o] for o in ttft_parts.OUTCOMES}
     return out
 
 

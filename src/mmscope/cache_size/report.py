@@ -3,7 +3,6 @@ dict, which the JSON is, the terminal table reads and the plot marks.
 """
 from __future__ import annotations
 
-import sys
 
 
 def report(log, c, grid: list[int], target: float, per_token: int | None,
@@ -40,10 +39,10 @@ def report(log, c, grid: list[int], target: float, per_token: int | None,
 
 
 def print_table(r: dict) -> None:
-    from rich.console import Console
+    from mmscope.console import report_console
     from rich.table import Table
 
-    console = Console() if sys.stdout.isatty() else Console(width=120)
+    console = report_console()
     print(_heading(r), flush=True)
     table = Table(box=None, pad_edge=False)
     table.add_column("capacity (embeds)", justify="right")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mmscope import vocabulary
 from mmscope.errors import UserError
+from mmscope.vocabulary import Outcome
 
 FREE = -1
 MISS, HIT, CONNECTOR = 0, 1, 2
-OUTCOMES = {"MISS": MISS, "HIT": HIT, "DEFERRED": None}
+OUTCOMES = {Outcome.MISS: MISS, Outcome.HIT: HIT, Outcome.DEFERRED: None}
 
 
 @dataclass
@@ -86,7 +88,7 @@ def _parse(f, path: str) -> Trace:
                 outcome = OUTCOMES[p[8]]
                 if outcome is None:  # DEFERRED: committed again when it is really scheduled
                     continue
-                if outcome and p[9].rstrip("\n") == "connector":
+                if outcome and p[9].rstrip("\n") == vocabulary.CONNECTOR:
                     outcome = CONNECTOR
                 embeds = int(p[7])
                 e = engines.get(p[2]) or _engine(engines, p[2])

@@ -15,6 +15,7 @@ import threading
 import time
 
 from mmscope.carry.ledger import Item
+from mmscope.vocabulary import Outcome
 
 ENV = "MMSCOPE_ACCESS_LOG"
 # Lines wait at most this long in memory: vLLM's default shutdown kills EngineCore without running
@@ -48,8 +49,8 @@ class AccessLogWriter:
     def capacity(self, embeds: int, bytes_per_embed: int = 0) -> None:
         self._buf.append(f"C\t{time.time_ns()}\t{self.engine}\t{embeds}\t{bytes_per_embed}\n")
 
-    def item(self, outcome: str, item: Item, source: str | None) -> None:
-        if outcome == "PREFIX_COVERED":
+    def item(self, outcome: Outcome, item: Item, source: str | None) -> None:
+        if outcome == Outcome.PREFIX_COVERED:
             return  # never reaches the encoder cache: not an access
         self._buf.append(f"A\t{time.time_ns()}\t{self.engine}\t{item.request_id}\t{item.index}\t"
                          f"{item.modality}\t{item.key}\t{item.embeds}\t{outcome}\t{source or '-'}\n")

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import enum
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, NamedTuple
 
-SOURCES = ("local", "in_step", "connector")
+from mmscope import vocabulary
+from mmscope.carry import counts
+from mmscope.vocabulary import IN_STEP, Outcome
 
 
 class Decision(enum.Enum):
-    LOCAL_HIT = "local"  # embedding resident in the encoder cache
-    DUPLICATE = "in_step"  # the same item appears earlier in the same request this step
-    CONNECTOR = "connector"  # the EC connector holds it and will load it
+    LOCAL_HIT = vocabulary.LOCAL  # embedding resident in the encoder cache
+    DUPLICATE = vocabulary.IN_STEP  # the same item appears earlier in the same request this step
+    CONNECTOR = vocabulary.CONNECTOR  # the EC connector holds it and will load it
     COMPUTE = "compute"  # the encoder will run for it
     DEFERRED = "deferred"  # no encoder budget or cache space this step
     # Cache space reserved with an EC connector present: the step's computed items are misses,
@@ -68,28 +70,36 @@ class EncoderCacheStats:
     def empty(self) -> bool:
         return not (self.queries or self.deferrals or self.evictions or self.prefix_covered)
 
-    # The wire form is a flat dict[str, int]: msgspec carries it between processes untouched, and
-    # the API server's loggers add it up key by key (stat_loggers.EncoderCacheProm.observe).
+    # The wire form (carry/counts.py): each count under its field's name, each tally of a
+    # Counter under "<field>:<label>"; the occupancy only once the capacity is known.
     def to_wire(self) -> dict[str, int]:
-        wire = {"requests": self.requests, "queries": self.queries, "hits": self.hits,
-                "misses": self.misses, "deferrals": self.deferrals, "evictions": self.evictions,
-                "prefix_covered": self.prefix_covered}
-        wire.update({f"hits_by_source:{k}": v for k, v in self.hits_by_source.items()})
-        wire.update({f"queries_by_modality:{k}": v for k, v in self.queries_by_modality.items()})
-        wire.update({f"hits_by_modality:{k}": v for k, v in self.hits_by_modality.items()})
-        wire.update({f"prefix_covered_by_modality:{k}": v
-                     for k, v in self.prefix_covered_by_modality.items()})
-        wire.update(query_embeds=self.query_embeds, hit_embeds=self.hit_embeds,
-                    miss_embeds=self.miss_embeds, prefix_covered_embeds=self.prefix_covered_embeds)
-        for name in ("hit_embeds_by_source", "query_embeds_by_modality", "hit_embeds_by_modality"):
-            wire.update({f"{name}:{k}": v for k, v in getattr(self, name).items()})
+        wire = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Counter):
+                wire.update({counts.key(f.name, k): n for k, n in value.items()})
+            elif f.name not in OCCUPANCY:
+                wire[f.name] = value
         if self.capacity_embeds is not None:
-            wire["usage_embeds"] = self.usage_embeds or 0
-            wire["capacity_embeds"] = self.capacity_embeds
+            wire.update(usage_embeds=self.usage_embeds or 0, capacity_embeds=self.capacity_embeds)
         return wire
 
+    @classmethod
+    def from_wire(cls, wire: dict[str, int]) -> "EncoderCacheStats":
+        stats = cls()
+        for wire_key, n in wire.items():
+            kind, labels = counts.split(wire_key)
+            if labels:
+                getattr(stats, kind)[labels[0]] += n
+            elif hasattr(stats, kind):
+                setattr(stats, kind, n)
+        return stats
 
-ProbeSink = Callable[[str, Item, str | None], None]  # (outcome, item, hit source)
+
+OCCUPANCY = ("usage_embeds", "capacity_embeds")  # gauges: carried over a drain, not added up
+
+
+ProbeSink = Callable[[Outcome, Item, str | None], None]  # (outcome, item, hit source)
 
 
 class EncoderCacheLedger:
@@ -148,7 +158,7 @@ class EncoderCacheLedger:
         self._stats.prefix_covered_by_modality[item.modality] += 1
         self._stats.prefix_covered_embeds += item.embeds
         if self.probe:
-            self.probe("PREFIX_COVERED", item, None)
+            self.probe(Outcome.PREFIX_COVERED, item, None)
 
     def evicted(self, count: int) -> None:
         self._stats.evictions += count
@@ -199,7 +209,7 @@ class EncoderCacheLedger:
             else:
                 # A resident hit on what another request of this step computes or loads: in_step.
                 if decision is Decision.LOCAL_HIT and item.key in step_keys:
-                    self._count(item, "in_step")
+                    self._count(item, IN_STEP)
                 else:
                     self._count(item, decision.value)
                 done.add(item.index)
@@ -227,12 +237,12 @@ class EncoderCacheLedger:
             s.hit_embeds_by_source[source] += embeds
             s.hit_embeds_by_modality[item.modality] += embeds
         if self.probe:
-            self.probe("MISS" if source is None else "HIT", item, source)
+            self.probe(Outcome.MISS if source is None else Outcome.HIT, item, source)
 
     def _defer(self, item: Item) -> None:
         self._stats.deferrals += 1
         if self.probe:
-            self.probe("DEFERRED", item, None)
+            self.probe(Outcome.DEFERRED, item, None)
 
     def _count_deferrals(self, decisions) -> None:
         for item, decision in decisions:
@@ -255,7 +265,7 @@ class EncoderCacheLedger:
         return stats
 
 
-def probe_line(outcome: str, item: Item, source: str | None) -> str:
+def probe_line(outcome: Outcome, item: Item, source: str | None) -> str:
     """One grep-able line per committed input: ids, counts and a hash prefix, never content."""
     src = f" source={source}" if source else ""
     return (f"mm_cache_probe {outcome}{src} req={item.request_id} item={item.index} "

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable
 
-from mmscope.carry.ledger import SOURCES, Item
+from mmscope.carry.ledger import Item
+from mmscope.vocabulary import HIT_SOURCES, Outcome
 
 ITEMS = "items."  # + modality: the request's items of that modality
 MISSES = "encoder_cache.misses"
@@ -16,7 +17,7 @@ PREFIX_COVERED = "encoder_cache.prefix_covered"
 DEFERRALS = "encoder_cache.deferrals"
 COMPUTED_EMBEDS = "embeddings.computed"  # embeddings the encoder computed for it (its misses)
 SPARED_EMBEDS = "embeddings.spared"  # embeddings it did not compute: hits and prefix-covered
-COUNTS = (MISSES, *(HITS + s for s in SOURCES), PREFIX_COVERED, DEFERRALS, COMPUTED_EMBEDS,
+COUNTS = (MISSES, *(HITS + s for s in HIT_SOURCES), PREFIX_COVERED, DEFERRALS, COMPUTED_EMBEDS,
           SPARED_EMBEDS)
 
 
@@ -29,16 +30,16 @@ def items(modalities: Iterable[str]) -> dict[str, int]:
     return {ITEMS + m: n for m, n in Counter(modalities).items()}
 
 
-def tally(record: dict[str, int], outcome: str, item: Item, source: str | None) -> None:
+def tally(record: dict[str, int], outcome: Outcome, item: Item, source: str | None) -> None:
     """One committed decision of the ledger (its probe sink's outcome names) into the record."""
-    if outcome == "HIT":
+    if outcome == Outcome.HIT:
         record[HITS + source] += 1
         record[SPARED_EMBEDS] += item.embeds
-    elif outcome == "MISS":
+    elif outcome == Outcome.MISS:
         record[MISSES] += 1
         record[COMPUTED_EMBEDS] += item.embeds
-    elif outcome == "PREFIX_COVERED":
+    elif outcome == Outcome.PREFIX_COVERED:
         record[PREFIX_COVERED] += 1
         record[SPARED_EMBEDS] += item.embeds
-    elif outcome == "DEFERRED":
+    elif outcome == Outcome.DEFERRED:
         record[DEFERRALS] += 1

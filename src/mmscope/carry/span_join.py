@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
-from mmscope.carry.ttft import TtftSplit, bounded_put
+from mmscope.carry.ttft_split import TtftSplit, bounded_put
 
 # EngineCore sends a traced request's record with its first token, so a span waits at most until
 # the end of the output loop's turn that finished it; beyond this, something was lost on the way

@@ -123,14 +123,14 @@ def _analyse(profile: str, html: str, metrics_page: str):
 
 
 def _report(out: str, profile: str, analysis, elapsed: float) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from mmscope.analyze.report import print_terminal
+    from mmscope.console import report_console
+    from mmscope import vocabulary
     from mmscope.load import series
 
-    # Piped output gets rich's 80 columns by default: too narrow for the stage table.
-    console = Console() if sys.stdout.isatty() else Console(width=150)
+    console = report_console()
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
     console.rule("[bold]mmscope demo: where the time of the multimodal pipeline goes")
@@ -143,9 +143,9 @@ def _report(out: str, profile: str, analysis, elapsed: float) -> None:
         ("queries", q, "multimodal items committed for scheduled requests"),
         ("hits", h, "encoder output reused"),
         ("misses", c.get(series.MISSES, 0), "encoder runs (one per computed item)"),
-        ("  hits from cache", c.get(series.by_source("local"), 0),
+        ("  hits from cache", c.get(series.by_source(vocabulary.LOCAL), 0),
          "resident from an earlier request"),
-        ("  hits in step", c.get(series.by_source("in_step"), 0),
+        ("  hits in step", c.get(series.by_source(vocabulary.IN_STEP), 0),
          "computed by another request (or item) of the same step"),
         ("deferrals", c.get(series.DEFERRALS, 0), "items postponed for budget or space"),
         ("evictions", c.get(series.EVICTIONS, 0), "entries evicted to make room"),

@@ -14,7 +14,8 @@ import sys
 
 import wrapt
 
-STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
+from mmscope.vllm.import_hint import STARTUP_DIR, fix
+
 
 # torchvision-backed module -> (PIL-backed module, {alias: PIL class}); vLLM 0.32's model files
 # that import each, for `torchvision_status()`.
@@ -112,12 +113,6 @@ def server_environment(current_pythonpath: str | None = None) -> dict[str, str]:
     the demo, the tests' servers): the start-up folder (the stand-ins decide per import whether
     torchvision loads) and a KV cache of 1 GiB instead of vLLM CPU's 6."""
     return {"PYTHONPATH": pythonpath(current_pythonpath), "VLLM_CPU_KVCACHE_SPACE": "1"}
-
-
-def fix() -> str:
-    """How to serve a LLaVA or Qwen-VL model where torchvision does not load."""
-    return (f"start vLLM with PYTHONPATH={STARTUP_DIR} (mmscope's torchvision-free stand-ins) "
-            "or install the torchvision build that matches your torch")
 
 
 def torchvision_status() -> str:

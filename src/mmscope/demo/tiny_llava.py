@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from mmscope.demo import media, tokenizer
+from mmscope.demo import inputs, tokenizer
 
 ARCH = "llava"
 MODALITIES = ("image",)
@@ -60,7 +60,7 @@ def build_into(out_dir: str) -> None:
     from transformers import LlavaForConditionalGeneration, LlavaProcessor
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
-    from mmscope.demo.tiny_model import rename_weights
+    from mmscope.demo.weights import rename_weights
 
     tok = build_tokenizer()
     LlavaForConditionalGeneration(build_config(tok)).to(torch.float32).save_pretrained(
@@ -80,6 +80,6 @@ def prompt(items: list[tuple[str, int]], text: str) -> dict:
     """items: (modality, seed) pairs, all images here."""
     p = {"prompt": "<s>user: " + "<image>" * len(items) + text + "\nassistant:"}
     if items:
-        images = [media.image(i, (IMAGE_SIZE, IMAGE_SIZE)) for _, i in items]
+        images = [inputs.image(i, (IMAGE_SIZE, IMAGE_SIZE)) for _, i in items]
         p["multi_modal_data"] = {"image": images[0] if len(images) == 1 else images}
     return p

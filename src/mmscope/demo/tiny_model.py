@@ -26,14 +26,6 @@ def family(arch: str):
     return importlib.import_module(ARCHS[arch])
 
 
-def rename_weights(path: str, rename) -> None:
-    """Rewrite a safetensors file with each key passed through `rename` (vLLM's layouts)."""
-    from safetensors.torch import load_file, save_file
-
-    renamed = {rename(key): tensor.contiguous() for key, tensor in load_file(path).items()}
-    save_file(renamed, path, metadata={"format": "pt"})
-
-
 def build(out_dir: str, seed: int = 0, arch: str = DEFAULT_ARCH) -> str:
     """Write the model directory (idempotent: an existing complete directory is reused)."""
     out_dir = os.path.abspath(out_dir)
@@ -59,8 +51,9 @@ def is_built(out_dir: str, seed: int = 0, arch: str = DEFAULT_ARCH) -> bool:
 
 
 def default_dir(arch: str = DEFAULT_ARCH) -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mmscope", "tiny-" + arch.replace("_", "-"))
+    from mmscope.cache_dir import cache_dir
+
+    return cache_dir("tiny-" + arch.replace("_", "-"))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-from mmscope.demo import media, tokenizer
+from mmscope.demo import inputs, tokenizer
 
 ARCH = "qwen2_5_vl"
 MODALITIES = ("image", "video")
@@ -91,8 +91,8 @@ def prompt(items: list[tuple[str, int]], text: str) -> dict:
     data: dict[str, list] = {}
     for modality, seed in items:
         data.setdefault(modality, []).append(
-            media.image(seed, (IMAGE_SIZE, IMAGE_SIZE)) if modality == "image"
-            else media.video(seed, VIDEO_FRAMES, (IMAGE_SIZE, IMAGE_SIZE)))
+            inputs.image(seed, (IMAGE_SIZE, IMAGE_SIZE)) if modality == "image"
+            else inputs.video(seed, VIDEO_FRAMES, (IMAGE_SIZE, IMAGE_SIZE)))
     if data:
         p["multi_modal_data"] = {m: v[0] if len(v) == 1 else v for m, v in data.items()}
     return p

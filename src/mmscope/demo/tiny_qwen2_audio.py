@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from mmscope.demo import media, tokenizer
+from mmscope.demo import inputs, tokenizer
 
 ARCH = "qwen2_audio"
 MODALITIES = ("audio",)
@@ -58,13 +58,13 @@ def build_into(out_dir: str) -> None:
     from transformers import Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor, \
         WhisperFeatureExtractor
 
-    from mmscope.demo.tiny_model import rename_weights
+    from mmscope.demo.weights import rename_weights
 
     tok = build_tokenizer()
     Qwen2AudioForConditionalGeneration(build_config(tok)).to(torch.float32).save_pretrained(
         out_dir, safe_serialization=True)
     rename_weights(os.path.join(out_dir, "model.safetensors"), _vllm_key)
-    features = WhisperFeatureExtractor(feature_size=128, sampling_rate=media.AUDIO_RATE)
+    features = WhisperFeatureExtractor(feature_size=128, sampling_rate=inputs.AUDIO_RATE)
     Qwen2AudioProcessor(feature_extractor=features, tokenizer=tok,
                         chat_template=CHAT_TEMPLATE).save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
@@ -74,6 +74,6 @@ def prompt(items: list[tuple[str, int]], text: str) -> dict:
     """items: (modality, seed) pairs, all audio here."""
     p = {"prompt": "user: " + AUDIO_PART * len(items) + text + "\nassistant:"}
     if items:
-        clips = [media.audio(i, CLIP_S) for _, i in items]
+        clips = [inputs.audio(i, CLIP_S) for _, i in items]
         p["multi_modal_data"] = {"audio": clips[0] if len(clips) == 1 else clips}
     return p

@@ -90,7 +90,7 @@ class StatsLine(logging.Handler):
 
 def ttft_parts(metrics) -> dict[str, dict[str, float]]:
     """outcome -> {"requests": n, part: mean ms}, from vllm:request_ttft_part_seconds."""
-    from mmscope.expose.ttft import PART_HISTOGRAM
+    from mmscope.expose.ttft_histograms import PART_HISTOGRAM
 
     sums: dict[tuple[str, str], list[float]] = {}
     for m in metrics:

@@ -45,7 +45,7 @@ class NvtxBackend:
                 attr = attrs[name] = domain.get_event_attributes(message=name)
             return attr
 
-        class NvtxSpan(Decorates):
+        class NvtxSpan:
             __slots__ = ("name",)
 
             def __init__(self, name: str):
@@ -68,7 +68,7 @@ class NvtxBackend:
         return _Ended(self._domain.end_range, self._domain.start_range(self._attr_of(name)))
 
     def mark(self, name: str) -> None:
-        # A zero-duration push/pop, as the seed's step_meta: nsys shows it as a range.
+        # A zero-duration push/pop, as vLLM's own step_meta: nsys shows it as a range.
         self._push(self._attr_of(name))
         self._pop()
 
@@ -89,7 +89,7 @@ class ChromeBackend:
         self.writer = ChromeTraceWriter.for_process(trace_dir)
         now, complete = time.perf_counter_ns, self.writer.complete
 
-        class ChromeSpan(Decorates):
+        class ChromeSpan:
             __slots__ = ("name", "t0")
 
             def __init__(self, name: str):
@@ -160,26 +160,6 @@ class _Ended:
 
     def end(self) -> None:
         self._close(self._token)
-
-
-class Decorates:
-    """`@tracing.span("x")` on a function: a span around each call, of the backends that record
-    at call time (a function decorated while tracing was off records once it is on)."""
-
-    __slots__ = ()
-
-    def __call__(self, fn):
-        import functools
-
-        from mmscope.emit import tracing
-
-        name = self.name
-
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with tracing.span(name):
-                return fn(*args, **kwargs)
-        return wrapper
 
 
 def make_backend(name: str, trace_dir: str) -> Backend:

@@ -76,7 +76,7 @@ class StageCollector:
         self.dropped = 0
         self.collected_in_process = False  # drained by a consumer in this process (the scheduler)
         # stage -> ns since the last take_step(): what one engine step spent in the stages the
-        # requests' shares of it need (carry/ttft.py), and only those.
+        # requests' shares of it need (carry/ttft_split.py), and only those.
         self.step_stages = frozenset(step_stages)
         self.step_ns: dict[str, int] = {}
         self.clock: HostClock | DeviceEventClock = HostClock()
@@ -124,7 +124,7 @@ class UncountedCollector(StageCollector):
 
 FRONTEND = StageCollector()  # API server: hashing, processor stages
 # model runner: encoder forward, EC transfer, gather, embed; a step's encoder and EC-load time is
-# shared among its requests (vllm/step_shares.py)
+# shared among its requests (vllm/engine_core/step_shares.py)
 WORKER = StageCollector(step_stages=(stages.VIT_FORWARD, stages.EC_LOAD))
 UNCOUNTED = UncountedCollector()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from mmscope.emit.backends import Backend, Decorates, make_backend
+from mmscope.emit.backends import Backend, make_backend
 from mmscope.flags import flag
 from mmscope.log import logger
 
@@ -20,7 +20,7 @@ _backends: tuple[Backend, ...] = ()
 on = False
 
 
-class _NoSpan(Decorates):
+class _NoSpan:
     """Tracing off: the span records nothing."""
 
     __slots__ = ("name",)
@@ -35,7 +35,7 @@ class _NoSpan(Decorates):
         return False
 
 
-class _Spans(Decorates):
+class _Spans:
     """Several backends at once: each backend's own span, closed in reverse order."""
 
     __slots__ = ("name", "_open")
@@ -55,7 +55,7 @@ class _Spans(Decorates):
         return False
 
 
-# A named range, `with tracing.span("x"):` or `@tracing.span("x")`: the span class of the one
+# A named range, `with tracing.span("x"):`: the span class of the one
 # backend that records (the cheapest), of several, or one that records nothing. Rebound by
 # configure(): look it up as `tracing.span` at each use, never import the name.
 span: Callable[[str], object] = _NoSpan

@@ -5,9 +5,11 @@ Names and labels sit beside vLLM's own `vllm:prefix_cache_*` and `vllm:mm_cache_
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from mmscope import stages
-from mmscope.carry import media
-from mmscope.carry.ledger import SOURCES
+from mmscope.carry import counts, media_loads, transfers
+from mmscope.vocabulary import HIT_SOURCES, Feature
 
 # wire key -> (name, documentation); "encoder cache" everywhere so that they cannot be taken for
 # the processor cache (vllm:mm_cache_*).
@@ -73,32 +75,31 @@ GAUGES = {
                        "Encoder cache capacity in bytes of encoder outputs."),
 }
 BYTES_OF = {"usage_embeds": "usage_bytes", "capacity_embeds": "capacity_bytes"}
-# The EC connector's transfers, by direction: wire key "<kind>:<direction>" (seconds travel in ns).
-DIRECTIONS = ("load", "save")
-TRANSFERS = {
-    "items": ("vllm:ec_connector_transfer_items",
-              "Multimodal items the EC connector moved: loaded into this instance's encoder "
-              "cache, or saved from it (one per mm_hash)."),
-    "bytes": ("vllm:ec_connector_transfer_bytes",
-              "Bytes of encoder outputs the EC connector moved (the tensors' nbytes)."),
-    "ns": ("vllm:ec_connector_transfer_seconds",
-           "Host wall time of the EC connector's load and save calls that moved items, "
-           "including the copy between host and device."),
+# The EC connector's transfers, by direction (carry/transfers.py; seconds travel in ns).
+TRANSFER_COUNTERS = {
+    transfers.ITEMS: ("vllm:ec_connector_transfer_items",
+                      "Multimodal items the EC connector moved: loaded into this instance's "
+                      "encoder cache, or saved from it (one per mm_hash)."),
+    transfers.BYTES: ("vllm:ec_connector_transfer_bytes",
+                      "Bytes of encoder outputs the EC connector moved (the tensors' nbytes)."),
+    transfers.NS: ("vllm:ec_connector_transfer_seconds",
+                   "Host wall time of the EC connector's load and save calls that moved items, "
+                   "including the copy between host and device."),
 }
 # The API server's media before the processor, by source and modality (wire key "<kind>:..."
-# of carry/media.py; seconds travel in ns).
+# of carry/media_loads.py; seconds travel in ns).
 MEDIA = {
-    media.BYTES: ("vllm:mm_media_fetched_bytes", ("source", "modality"),
+    media_loads.BYTES: ("vllm:mm_media_fetched_bytes", ("source", "modality"),
                   "Bytes of multimodal items fetched before the processor (an HTTP body, a file "
                   "read, a data URL's base64 decoded), by source (http, data_url, file)."),
-    media.FAILED: ("vllm:mm_media_failed_fetches", ("step", "source", "modality"),
+    media_loads.FAILED: ("vllm:mm_media_failed_fetches", ("step", "source", "modality"),
                    "Multimodal items whose fetch failed (step fetch: refused, an HTTP error, a "
                    "bad URL; step decode: bytes that are no media of that kind); vLLM then "
                    "answers the request with an error."),
-    media.CACHED: ("vllm:mm_media_redundant_fetches", ("source", "modality"),
+    media_loads.CACHED: ("vllm:mm_media_redundant_fetches", ("source", "modality"),
                    "Multimodal items fetched and decoded although vLLM's processor cache already "
                    "held their content (a miss only in a URL-keyed cache)."),
-    media.CACHED_NS: ("vllm:mm_media_redundant_fetch_seconds", ("source", "modality"),
+    media_loads.CACHED_NS: ("vllm:mm_media_redundant_fetch_seconds", ("source", "modality"),
                       "Fetch and decode time of those items (wall time per item): what a client "
                       "or proxy cache by URL would have saved."),
 }
@@ -118,124 +119,93 @@ HOOK_OFF = (
     "series; ranges: vllm:mm_stage_duration_seconds, vllm:ec_connector_transfer_* and "
     "vllm:mm_media_*; "
     "ttft_parts: the TTFT split), never left to read as zeros.")
-# A hook's feature -> what it fed, withdrawn when it turns itself off.
-COUNTS, STAGES = "accounting", "ranges"
+
+ENGINE_LABELS = ["model_name", "engine"]
+NS_KINDS = (transfers.NS, media_loads.CACHED_NS)  # counted in ns, exposed in seconds
+
+
+class MetricClasses(NamedTuple):
+    """The metric classes of the logger the series sit beside (prometheus_client's, or the
+    wrappers vLLM's Ray logger uses instead)."""
+
+    counter: type
+    gauge: type
+    histogram: type
 
 
 class EncoderCacheProm:
-    """The series, made with the metric classes vLLM's PrometheusStatLogger uses (its __init__
-    unregisters every vllm:* collector first, so ours come after). Every labelled series exists
-    at 0 from the start (each source, each modality the model accepts, each stage timed, each
-    engine, each transfer direction where an EC connector is configured) and the capacity gauge holds its value, so that rate() and increase() see the first
-    events."""
+    """mmscope's series on vLLM's /metrics. Every series exists at 0 from the start (each source,
+    each modality the model accepts, each stage timed, each engine, each transfer direction where
+    an EC connector is configured) and the capacity gauge holds its value, so that rate() and
+    increase() see the first events (docs/design.md §9). Each series' child is resolved once:
+    labels() takes a lock and hashes the values on every call."""
 
-    def __init__(self, counter_cls, gauge_cls, histogram_cls,
-                 per_engine_labelvalues: dict[int, list], modalities=(),
-                 capacity_embeds: int | None = None, ec_connector: bool = False,
-                 bytes_per_embed: int | None = None, hooks: tuple[tuple[str, str, str], ...] = ()):
-        labels = ["model_name", "engine"]
+    def __init__(self, classes: MetricClasses, per_engine_labelvalues: dict[int, list],
+                 modalities=(), capacity_embeds: int | None = None, ec_connector: bool = False,
+                 bytes_per_embed: int | None = None, hooks: tuple[tuple[str, str, str], ...] = (),
+                 listed: tuple[str, ...] | None = None):
+        """`hooks`: every hook that may turn off, as (name, feature, process); `listed`: those
+        whose series exist from the start (all where None): a row of a model runner no worker
+        here uses never fires."""
         self.labelvalues = per_engine_labelvalues
         self.bytes_per_embed = bytes_per_embed
-        # What a hook turned off fed, by engine: no longer observed, its series removed.
-        self._withdrawn: dict[str, set[int]] = {COUNTS: set(), STAGES: set()}
-        counters = {k: counter_cls(name=n, documentation=d, labelnames=labels)
-                    for k, (n, d) in COUNTERS.items()}
-        labeled = {k: counter_cls(name=n, documentation=d, labelnames=labels + [extra])
-                   for k, (n, extra, d) in LABELED.items()}
-        gauges = {k: gauge_cls(name=n, documentation=d, labelnames=labels,
-                               multiprocess_mode="mostrecent")
-                  for k, (n, d) in GAUGES.items()
-                  if bytes_per_embed or k not in BYTES_OF.values()}
-        self._stage_observers: dict[tuple[int, str], object] = {}
-        self.stage_seconds = histogram_cls(
-            name=STAGE_HISTOGRAM[0], documentation=STAGE_HISTOGRAM[1],
-            labelnames=labels + ["stage"], buckets=STAGE_BUCKETS)
-        # (engine, wire key) -> the child's inc or set: labels() takes a lock and hashes the
-        # values on every call, so each child is resolved once; resolving creates it at 0.
-        self._updates: dict[tuple[int, str], object] = {}
-        self._labeled = labeled
-        # (engine, "<kind>:<direction>") -> the child's inc, for an instance with an EC connector
-        self._transfers: dict[tuple[int, str], object] = {}
-        self._transfer_metrics: list = []
-        if ec_connector:
-            self._transfer_series(counter_cls, labels)
-        self._media = {kind: counter_cls(name=n, documentation=d, labelnames=labels + list(extra))
-                       for kind, (n, extra, d) in MEDIA.items()} if modalities else {}
-        self._media_incs: dict[tuple[int, str], object] = {}
         self.hooks = {name: (feature, process) for name, feature, process in hooks}
-        self.hook_off_gauge = gauge_cls(name=HOOK_OFF[0], documentation=HOOK_OFF[1],
-                                        labelnames=labels + ["hook", "feature", "process"],
-                                        multiprocess_mode="mostrecent")
-        self._counts = [*counters.values(), *labeled.values(), *gauges.values()]
+        self.listed = tuple(self.hooks) if listed is None else listed
+        # What a hook turned off fed, by engine: no longer observed, its series removed.
+        self._withdrawn: dict[str, set[int]] = {Feature.ACCOUNTING: set(), Feature.RANGES: set()}
+        # (engine, wire key) -> the child's inc, set or observe
+        self._updates: dict[tuple[int, str], object] = {}
+        self._stage_observers: dict[tuple[int, str], object] = {}
+        self._transfers: dict[tuple[int, str], object] = {}
+        self._media_incs: dict[tuple[int, str], object] = {}
+        counters = {k: _metric(classes.counter, n, d) for k, (n, d) in COUNTERS.items()}
+        self._labeled = {k: _metric(classes.counter, n, d, [extra])
+                         for k, (n, extra, d) in LABELED.items()}
+        gauges = {k: _metric(classes.gauge, n, d, multiprocess_mode="mostrecent")
+                  for k, (n, d) in GAUGES.items() if bytes_per_embed or k not in BYTES_OF.values()}
+        self.stage_seconds = _metric(classes.histogram, *STAGE_HISTOGRAM, ["stage"],
+                                     buckets=STAGE_BUCKETS)
+        self._transfer_metrics = {k: _metric(classes.counter, n, d, ["direction"])
+                                  for k, (n, d) in TRANSFER_COUNTERS.items()} if ec_connector else {}
+        self._media = {k: _metric(classes.counter, n, d, extra)
+                       for k, (n, extra, d) in MEDIA.items()} if modalities else {}
+        self.hook_off_gauge = _metric(classes.gauge, *HOOK_OFF, ["hook", "feature", "process"],
+                                      multiprocess_mode="mostrecent")
+        self._counts = [*counters.values(), *self._labeled.values(), *gauges.values()]
         for idx, values in per_engine_labelvalues.items():
             for key, metric in counters.items():
                 self._updates[(idx, key)] = metric.labels(*values).inc
             for key, metric in gauges.items():
                 self._updates[(idx, key)] = metric.labels(*values).set
-            for name, (feature, process) in self.hooks.items():
-                self.hook_off_gauge.labels(*values, name, feature, process).set(0)
-            for source in SOURCES:
-                self._update(idx, f"hits_by_source:{source}")
-                self._update(idx, f"hit_embeds_by_source:{source}")
-            for modality in modalities:
-                for key in ("queries_by_modality", "hits_by_modality",
-                            "prefix_covered_by_modality", "query_embeds_by_modality",
-                            "hit_embeds_by_modality"):
-                    self._update(idx, f"{key}:{modality}")
-            if capacity_embeds is not None:
-                self._set_gauge(idx, "capacity_embeds", capacity_embeds)
-            if modalities:  # a multimodal model: every stage's histogram from the start too
-                for stage in stages.TIMED_STAGES + stages.media_stages(modalities):
-                    self._stage_observer(idx, stage)
-                for key in media_keys(modalities):
-                    self._media_inc(idx, key)
+            self._start_engine(idx, modalities, capacity_embeds)
 
-    def _transfer_series(self, counter_cls, labels: list[str]) -> None:
-        for kind, (name, doc) in TRANSFERS.items():
-            metric = counter_cls(name=name, documentation=doc, labelnames=labels + ["direction"])
-            self._transfer_metrics.append(metric)
-            for idx, values in self.labelvalues.items():
-                for direction in DIRECTIONS:
-                    self._transfers[(idx, f"{kind}:{direction}")] = metric.labels(
-                        *values, direction).inc
+    def _start_engine(self, idx: int, modalities, capacity_embeds: int | None) -> None:
+        """The engine's labelled series at 0 and its capacity set."""
+        values = self.labelvalues[idx]
+        for name in self.listed:
+            self.hook_off_gauge.labels(*values, name, *self.hooks[name]).set(0)
+        for source in HIT_SOURCES:
+            for kind in ("hits_by_source", "hit_embeds_by_source"):
+                self._update(idx, counts.key(kind, source))
+        for modality in modalities:
+            for kind in ("queries_by_modality", "hits_by_modality", "prefix_covered_by_modality",
+                         "query_embeds_by_modality", "hit_embeds_by_modality"):
+                self._update(idx, counts.key(kind, modality))
+        for kind, metric in self._transfer_metrics.items():
+            for direction in transfers.DIRECTIONS:
+                self._transfers[(idx, counts.key(kind, direction))] = metric.labels(
+                    *values, direction).inc
+        if capacity_embeds is not None:
+            self._set_gauge(idx, "capacity_embeds", capacity_embeds)
+        if modalities:  # a multimodal model: every stage's histogram from the start too
+            for stage in stages.TIMED_STAGES + stages.media_stages(modalities):
+                self._stage_observer(idx, stage)
+            for wire_key in media_keys(modalities):
+                self._media_inc(idx, wire_key)
 
-    def _media_inc(self, engine_idx: int, wire_key: str):
-        inc = self._media_incs.get((engine_idx, wire_key))
-        if inc is None:
-            kind, *label_values = wire_key.split(":")
-            metric = self._media[kind]
-            inc = self._media_incs[(engine_idx, wire_key)] = metric.labels(
-                *self.labelvalues[engine_idx], *label_values).inc
-        return inc
-
-    def observe_media(self, wire: dict[str, int], engine_idx: int) -> None:
-        if (engine_idx not in self.labelvalues or engine_idx in self._withdrawn[STAGES]
-                or not self._media):
-            return
-        for key, n in wire.items():
-            if n:
-                self._media_inc(engine_idx, key)(n / 1e9 if key.startswith(media.CACHED_NS)
-                                                 else n)
-
-    def _update(self, engine_idx: int, wire_key: str):
-        """The inc or set a wire key stands for, or None for a key with no series of its own
-        (`requests`, which only the log line's window uses)."""
-        found = self._updates.get((engine_idx, wire_key), False)
-        if found is False:
-            key, _, label = wire_key.partition(":")
-            metric = self._labeled.get(key) if label else None
-            found = metric.labels(*self.labelvalues[engine_idx], label).inc if metric else None
-            self._updates[(engine_idx, wire_key)] = found
-        return found
-
-    def _set_gauge(self, engine_idx: int, key: str, embeds: int) -> None:
-        """An occupancy gauge in embeddings, and in bytes where the outputs' width is known."""
-        self._updates[(engine_idx, key)](embeds)
-        if self.bytes_per_embed:
-            self._updates[(engine_idx, BYTES_OF[key])](embeds * self.bytes_per_embed)
-
+    # --- the encoder cache's counts -------------------------------------------------------------
     def observe(self, wire: dict[str, int], engine_idx: int) -> None:
-        if engine_idx not in self.labelvalues or engine_idx in self._withdrawn[COUNTS]:
+        if engine_idx not in self.labelvalues or engine_idx in self._withdrawn[Feature.ACCOUNTING]:
             return
         for wire_key, n in wire.items():
             if wire_key in BYTES_OF:
@@ -245,8 +215,26 @@ class EncoderCacheProm:
             if update is not None and n:
                 update(n)
 
+    def _update(self, engine_idx: int, wire_key: str):
+        """The inc or set a wire key stands for, or None for a key with no series of its own
+        (`requests`, which only the log line's window uses)."""
+        found = self._updates.get((engine_idx, wire_key), False)
+        if found is False:
+            kind, labels = counts.split(wire_key)
+            metric = self._labeled.get(kind) if labels else None
+            found = metric.labels(*self.labelvalues[engine_idx], *labels).inc if metric else None
+            self._updates[(engine_idx, wire_key)] = found
+        return found
+
+    def _set_gauge(self, engine_idx: int, key: str, embeds: int) -> None:
+        """An occupancy gauge in embeddings, and in bytes where the outputs' width is known."""
+        self._updates[(engine_idx, key)](embeds)
+        if self.bytes_per_embed:
+            self._updates[(engine_idx, BYTES_OF[key])](embeds * self.bytes_per_embed)
+
+    # --- stages, transfers and media --------------------------------------------------------
     def observe_stages(self, durations: dict[str, list[int]], engine_idx: int) -> None:
-        if engine_idx not in self.labelvalues or engine_idx in self._withdrawn[STAGES]:
+        if engine_idx not in self.labelvalues or engine_idx in self._withdrawn[Feature.RANGES]:
             return
         for stage, values in durations.items():
             observe = self._stage_observer(engine_idx, stage)
@@ -254,8 +242,8 @@ class EncoderCacheProm:
                 observe(ns / 1e9)
 
     def _stage_observer(self, engine_idx: int, stage: str):
-        """The observe method of the stage's child, resolved once (labels() locks and hashes):
-        the API server's stages are drained every step."""
+        """The observe method of the stage's child (the API server's stages are drained every
+        step)."""
         found = self._stage_observers.get((engine_idx, stage))
         if found is None:
             found = self._stage_observers[(engine_idx, stage)] = self.stage_seconds.labels(
@@ -263,13 +251,30 @@ class EncoderCacheProm:
         return found
 
     def observe_transfers(self, wire: dict[str, int], engine_idx: int) -> None:
-        if engine_idx in self._withdrawn[STAGES]:
+        if engine_idx in self._withdrawn[Feature.RANGES]:
             return
-        for key, n in wire.items():
-            inc = self._transfers.get((engine_idx, key))
+        for wire_key, n in wire.items():
+            inc = self._transfers.get((engine_idx, wire_key))
             if inc is not None and n:
-                inc(n / 1e9 if key.startswith("ns:") else n)
+                inc(_exposed(wire_key, n))
 
+    def observe_media(self, wire: dict[str, int], engine_idx: int) -> None:
+        if (engine_idx not in self.labelvalues or engine_idx in self._withdrawn[Feature.RANGES]
+                or not self._media):
+            return
+        for wire_key, n in wire.items():
+            if n:
+                self._media_inc(engine_idx, wire_key)(_exposed(wire_key, n))
+
+    def _media_inc(self, engine_idx: int, wire_key: str):
+        inc = self._media_incs.get((engine_idx, wire_key))
+        if inc is None:
+            kind, labels = counts.split(wire_key)
+            inc = self._media_incs[(engine_idx, wire_key)] = self._media[kind].labels(
+                *self.labelvalues[engine_idx], *labels).inc
+        return inc
+
+    # --- hooks turned off -------------------------------------------------------------------
     def hook_off(self, name: str, engine_idx: int | None) -> None:
         """Hook `name` turned itself off in engine `engine_idx`'s processes (None: in this process,
         which every engine's figures pass through): say so, and withdraw what it fed."""
@@ -281,22 +286,40 @@ class EncoderCacheProm:
             if values is None:
                 continue
             self.hook_off_gauge.labels(*values, name, feature, process).set(1)
-            withdrawn = {COUNTS: self._counts,
-                         STAGES: [self.stage_seconds, *self._transfer_metrics,
-                                  *self._media.values()]}.get(feature, [])
-            if withdrawn and idx not in self._withdrawn[feature]:
+            fed = self._fed(feature)
+            if fed and idx not in self._withdrawn[feature]:
                 self._withdrawn[feature].add(idx)
-                engine = dict(zip(("model_name", "engine"), values))
-                for metric in withdrawn:
+                engine = dict(zip(ENGINE_LABELS, values))
+                for metric in fed:
                     metric.remove_by_labels(engine)
-                if feature == COUNTS:
+                if feature == Feature.ACCOUNTING:
                     self._updates = {k: v for k, v in self._updates.items() if k[0] != idx}
+
+    def _fed(self, feature: str) -> list:
+        """The series a hook of `feature` feeds (docs/design.md §9: withdrawn once it is off)."""
+        if feature == Feature.ACCOUNTING:
+            return self._counts
+        if feature == Feature.RANGES:
+            return [self.stage_seconds, *self._transfer_metrics.values(), *self._media.values()]
+        return []
+
+
+def _metric(cls, name: str, documentation: str, extra=(), **options):
+    """One series family beside vLLM's, labelled by model and engine (and `extra`)."""
+    return cls(name=name, documentation=documentation, labelnames=ENGINE_LABELS + list(extra),
+               **options)
+
+
+def _exposed(wire_key: str, n: int) -> float:
+    """A count as its series shows it: nanoseconds as seconds."""
+    return n / 1e9 if counts.split(wire_key)[0] in NS_KINDS else n
 
 
 def media_keys(modalities) -> list[str]:
     """The media series a model accepting `modalities` has from the start, as wire keys."""
-    pairs = [f"{s}:{m}" for s in stages.MEDIA_SOURCES for m in modalities
+    pairs = [(s, m) for s in stages.MEDIA_SOURCES for m in modalities
              if m in stages.MEDIA_MODALITIES]
-    return [f"{kind}:{pair}" for kind in (media.BYTES, media.CACHED, media.CACHED_NS)
-            for pair in pairs] + [f"{media.FAILED}:{step}:{pair}" for pair in pairs
-                                  for step in (stages.MEDIA_FETCH, stages.MEDIA_DECODE)]
+    kinds = (media_loads.BYTES, media_loads.CACHED, media_loads.CACHED_NS)
+    return [counts.key(kind, *pair) for kind in kinds for pair in pairs] + [
+        counts.key(media_loads.FAILED, step, *pair) for pair in pairs
+        for step in (stages.MEDIA_FETCH, stages.MEDIA_DECODE)]

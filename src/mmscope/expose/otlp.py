@@ -12,7 +12,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
 
 from mmscope import stages
-from mmscope.carry import ttft
+from mmscope.carry import ttft_split
 
 REQUEST_SPAN = "llm_request"  # vLLM's span name (OutputProcessor.do_tracing)
 MULTIMODAL = "gen_ai.multimodal."  # + a record's count (carry/request_facts.py)
@@ -25,17 +25,17 @@ TIMELINE = (*stages.TTFT_API_PARTS, stages.TTFT_OTHER, stages.TTFT_QUEUE,
             stages.TTFT_EC_LOAD, stages.TTFT_ENCODER, stages.TTFT_PREFILL)
 
 
-def attributes(record: dict[str, int] | None, split: ttft.TtftSplit | None) -> dict:
+def attributes(record: dict[str, int] | None, split: ttft_split.TtftSplit | None) -> dict:
     """The attributes mmscope adds to a multimodal request's span."""
     found = {}
     if record:
-        found.update((MULTIMODAL + k, v) for k, v in record.items() if k not in ttft.SHARES)
+        found.update((MULTIMODAL + k, v) for k, v in record.items() if k not in ttft_split.SHARES)
     if split:
         found.update((TTFT_PART + p, v) for p, v in split.parts.items())
     return found
 
 
-def layout(split: ttft.TtftSplit, arrival_s: float, queued_wall_s: float) -> list[tuple]:
+def layout(split: ttft_split.TtftSplit, arrival_s: float, queued_wall_s: float) -> list[tuple]:
     """(name, start ns, end ns) of the child spans: contiguous from vLLM's arrival time (the
     span's start) to its first token, each part as long as the split says, so that they add up
     to the TTFT. The split's `other` is two stretches: the way to EngineCore's queue (until

@@ -140,7 +140,7 @@ def _matcher(text: str) -> str:
 
 
 def media_sources(text: str) -> tuple[str, ...]:
-    from mmscope.load.media import SOURCES
+    from mmscope.load.media_urls import SOURCES
 
     sources = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     unknown = [s for s in sources if s not in SOURCES]
@@ -307,7 +307,7 @@ async def _sweep(args, workload):
     import contextlib
 
     from mmscope.load import client
-    from mmscope.load.media import MediaOptions, Urls
+    from mmscope.load.media_urls import MediaOptions, Urls
     from mmscope.load.media_server import MediaServer
     from mmscope.load.report import RunInfo
     from mmscope.load.sweep import preflight, run_level

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from mmscope import stages
-from mmscope.load import epd, media, series, ttft
+from mmscope.load import epd, media_urls, series, ttft_parts
 from mmscope.load.fleet import Shard
 from mmscope.load.readings import ONE_PAGE
 from mmscope.load.sweep import LevelResult
@@ -36,7 +36,7 @@ class RunInfo:
     image_size: tuple[int, int]
     embeds_per_image: int | None
     prefix: bool = False  # the prefix plan (whole requests repeated, images first)
-    media: media.MediaOptions = media.MediaOptions()
+    media: media_urls.MediaOptions = media_urls.MediaOptions()
     image_format: str = "png"
     shard: Shard = Shard(0)
     lanes: int = 1
@@ -83,7 +83,7 @@ def media_json(level: LevelResult) -> dict:
     """Per source: the level's requests sent that way and their client TTFT, and what the server
     counted of their items; the http fetches planned against those answered and counted."""
     out = {}
-    for source, s in sorted(media.by_source(level.delta).items()):
+    for source, s in sorted(media_urls.by_source(level.delta).items()):
         ttfts = [r.timing.ttft_s for r in level.results if r.source == source]
         out[source] = {
             "requests": len(ttfts), "items": int(round(s["fetch_count"])),
@@ -121,7 +121,7 @@ def instances_json(level: LevelResult) -> dict:
             "planned_hits": None if part is None else part.planned_hits,
             **counts, "hit_rate": _rate(counts["hits"], counts["queries"]),
             "capacity_embeds": level.capacities.get(instance),
-            "ttft_ms": ttft.summary(delta, series.VLLM_TTFT)}
+            "ttft_ms": ttft_parts.summary(delta, series.VLLM_TTFT)}
     return out
 
 
@@ -149,7 +149,7 @@ def level_json(level: LevelResult) -> dict:
            for cache in series.OTHER_CACHES},
         "repeat_requests": sum(r.all_repeats for r in plan.requests),
         "ttft_ms": ttft_ms(level),
-        "ttft_parts": ttft.split(level.delta, [r.timing.ttft_s for r in level.results]),
+        "ttft_parts": ttft_parts.split(level.delta, [r.timing.ttft_s for r in level.results]),
         "media": media_json(level),
         "e2e_ms": {f"p{q}": _ms(percentile(e2e, q)) for q in (50, 90)},
         "wall_s": round(level.wall_s, 3),
@@ -202,7 +202,7 @@ def _fleet_line(info: RunInfo, levels: list[LevelResult]) -> str:
     return "\n" + "; ".join([*parts, f"counters from {info.counters}"])
 
 
-def _media_line(options: media.MediaOptions) -> str:
+def _media_line(options: media_urls.MediaOptions) -> str:
     sent = " and ".join(options.sources) + (" (requests take turns)"
                                             if len(options.sources) > 1 else "")
     if not options.http:
@@ -217,13 +217,13 @@ def _count(n: int, noun: str) -> str:
 
 
 def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> None:
-    from rich.console import Console
+    from mmscope.console import report_console
 
-    console = console or Console(width=None if _is_tty() else 160)
+    console = console or report_console()
     rows = [level_json(lv) for lv in levels]
     console.print(header(info, levels), highlight=False)
     tables = [(MAIN_TITLE, _main_table(rows)), (CACHE_TITLE, _cache_table(rows))]
-    if any(r["ttft_parts"][o]["requests"] for r in rows for o in ttft.OUTCOMES):
+    if any(r["ttft_parts"][o]["requests"] for r in rows for o in ttft_parts.OUTCOMES):
         tables.append((TTFT_TITLE, _ttft_table(rows)))
     if any(r["media"]["by_source"] for r in rows):
         tables.append((MEDIA_TITLE, _media_table(rows)))
@@ -238,12 +238,6 @@ def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> No
         style = "" if level.verdict.ok else "bold red"
         console.print(f"reuse {level.plan.reuse:g}: {level.verdict.text}", style=style,
                       highlight=False)
-
-
-def _is_tty() -> bool:
-    import sys
-
-    return sys.stdout.isatty()
 
 
 def _num(value, fmt: str = "{:g}") -> str:
@@ -305,7 +299,7 @@ def _ttft_table(rows: list[dict]):
         table.add_column(name, justify="right")
     for r in rows:
         split = r["ttft_parts"]
-        for outcome in ttft.OUTCOMES:
+        for outcome in ttft_parts.OUTCOMES:
             o = split[outcome]
             if not o["requests"]:
                 continue

@@ -5,23 +5,29 @@ name a user sees on /metrics, for messages.
 """
 from __future__ import annotations
 
-from mmscope.carry.ledger import SOURCES
+from mmscope.expose import metrics
+from mmscope.expose.readout import series_key
+from mmscope.vocabulary import HIT_SOURCES, Feature  # noqa: F401 - HIT_SOURCES: the labels read
 
-# mmscope's encoder-cache series (mmscope.expose.metrics defines them).
-QUERIES = "encoder_cache_queries"
-HITS = "encoder_cache_hits"
-MISSES = "encoder_cache_misses"
-DEFERRALS = "encoder_cache_deferrals"
-EVICTIONS = "encoder_cache_evictions"
-PREFIX_COVERED = "encoder_cache_prefix_covered"
-HITS_BY_SOURCE = "encoder_cache_hits_by_source"
+
+def _key(family: dict, wire_key: str) -> str:
+    return series_key(family[wire_key][0], {})
+
+
+# mmscope's encoder-cache series, by the names expose/metrics.py gives them
+QUERIES = _key(metrics.COUNTERS, "queries")
+HITS = _key(metrics.COUNTERS, "hits")
+MISSES = _key(metrics.COUNTERS, "misses")
+DEFERRALS = _key(metrics.COUNTERS, "deferrals")
+EVICTIONS = _key(metrics.COUNTERS, "evictions")
+PREFIX_COVERED = _key(metrics.COUNTERS, "prefix_covered")
+HITS_BY_SOURCE = _key(metrics.LABELED, "hits_by_source")
 # the same in embeddings: what the encoder's work is made of
-QUERY_EMBEDS = "encoder_cache_query_embeds"
-HIT_EMBEDS = "encoder_cache_hit_embeds"
-PREFIX_COVERED_EMBEDS = "encoder_cache_prefix_covered_embeds"
-HIT_SOURCES = SOURCES
-CAPACITY = "encoder_cache_capacity_embeds"
-USAGE = "encoder_cache_usage_embeds"
+QUERY_EMBEDS = _key(metrics.COUNTERS, "query_embeds")
+HIT_EMBEDS = _key(metrics.COUNTERS, "hit_embeds")
+PREFIX_COVERED_EMBEDS = _key(metrics.COUNTERS, "prefix_covered_embeds")
+CAPACITY = _key(metrics.GAUGES, "capacity_embeds")
+USAGE = _key(metrics.GAUGES, "usage_embeds")
 COUNTERS = (QUERIES, HITS, MISSES, DEFERRALS, EVICTIONS, PREFIX_COVERED, QUERY_EMBEDS, HIT_EMBEDS,
             PREFIX_COVERED_EMBEDS)
 GAUGES = (CAPACITY, USAGE)
@@ -30,7 +36,7 @@ GAUGES = (CAPACITY, USAGE)
 OTHER_CACHES = ("mm_cache", "prefix_cache")
 
 
-HOOK_OFF = "mmscope_hook_off"  # {feature=,hook=,process=}: 1 once the hook turned itself off
+HOOK_OFF = series_key(metrics.HOOK_OFF[0], {})  # 1 once the hook turned itself off
 
 
 def counts_off(values: dict[str, float]) -> str | None:
@@ -39,7 +45,7 @@ def counts_off(values: dict[str, float]) -> str | None:
     import re
 
     for key, value in values.items():
-        m = re.fullmatch(HOOK_OFF + r"\{feature=accounting,hook=([^,}]+).*", key)
+        m = re.fullmatch(HOOK_OFF + r"\{feature=" + Feature.ACCOUNTING + r",hook=([^,}]+).*", key)
         if m and value > 0:
             return (f"the encoder-cache counts are off: mmscope's hook {m[1]} turned itself off "
                     "(`mmscope doctor --url` and the server's log say why)")
@@ -66,7 +72,7 @@ def cache_queries(cache: str) -> str:
 def cache_hits(cache: str) -> str:
     return f"{cache}_hits"
 
-# Each multimodal request's time to first token, by part and outcome (mmscope.expose.ttft).
+# Each multimodal request's time to first token, by part and outcome (mmscope.expose.ttft_histograms).
 TTFT_PARTS = "request_ttft_part_seconds"
 TTFT_MM = "request_mm_time_to_first_token_seconds"
 HISTOGRAMS = (TTFT_PARTS, TTFT_MM)

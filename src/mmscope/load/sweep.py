@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from mmscope.errors import UserError
-from mmscope.load import epd, media, readings, series
+from mmscope.load import epd, media_urls, readings, series
 from mmscope.load.client import Server, Timing
 from mmscope.load.fleet import Bounds, Shard, bounds
 from mmscope.load.plan import PROBE_LEVEL, LevelPlan, PlannedRequest, Workload
@@ -50,7 +50,7 @@ class Fleet:
 class RequestResult:
     request: PlannedRequest
     timing: Timing
-    source: str = media.DATA_URL  # how its images were sent
+    source: str = media_urls.DATA_URL  # how its images were sent
 
 
 @dataclass
@@ -61,7 +61,7 @@ class LevelResult:
     deltas: Reading  # each instance's series over the level
     capacities: dict[str, int | None]  # each instance's encoder cache, in embeddings
     embeds_per_image: int | None
-    fetches: media.Fetches | None = None  # with --media http
+    fetches: media_urls.Fetches | None = None  # with --media http
     spread: dict[str, LevelPlan] | None = None  # each instance's requests, where known
     build_s: float = 0.0  # rendering the level's images before its first request
 
@@ -146,7 +146,7 @@ async def _embeds_per_image(server: Server, model: str, workload: Workload,
 
 
 async def run_level(fleet: Fleet, target: Target, workload: Workload, plan: LevelPlan,
-                    concurrency: int, max_tokens: int, urls: media.Urls,
+                    concurrency: int, max_tokens: int, urls: media_urls.Urls,
                     on_done=None) -> LevelResult:
     # Render first: image encoding must not count as the server's time to first token.
     built = time.perf_counter()
@@ -164,8 +164,8 @@ async def run_level(fleet: Fleet, target: Target, workload: Workload, plan: Leve
     fetches = None
     if media_server:
         now = media_server.counts()
-        fetches = media.fetches(readings.total(deltas), urls.planned(plan),
-                                (now[0] - served[0], now[1] - served[1]))
+        fetches = media_urls.fetches(readings.total(deltas), urls.planned(plan),
+                                     (now[0] - served[0], now[1] - served[1]))
     workload.forget(plan.level)
     urls.forget(plan.level)
     capacities = {instance: int(values.get(series.CAPACITY, 0)) or None

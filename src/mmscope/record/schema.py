@@ -1,6 +1,6 @@
 """The tables of an `nsys export --type sqlite` file that a recording holds, as nsys declares them.
 
-Columns, types and NULL-ability follow schema 3.28.1 (shared/reference); enum rows carry nsys's names.
+Columns, types and NULL-ability follow schema 3.28.1 (docs/design.md §6); enum rows carry nsys's names.
 """
 from __future__ import annotations
 

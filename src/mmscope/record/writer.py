@@ -1,6 +1,6 @@
 """Turns the spool files of a recording into one SQLite file in the Nsight Systems export schema.
 
-Rows follow `nsys export --type sqlite`, schema 3.28.1 (shared/reference); times are ns from the session start.
+Rows follow `nsys export --type sqlite`, schema 3.28.1 (docs/design.md §6); times are ns from the session start.
 """
 from __future__ import annotations
 

@@ -6,9 +6,20 @@ A filter on vLLM's model-registry logger appends one sentence to vLLM's own erro
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 
 REGISTRY_LOGGER = "vllm.model_executor.models.registry"
+# The folder whose sitecustomize installs the stand-ins (the demo's; a path, not an import: the
+# plugin imports no tool).
+STARTUP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo",
+                           "startup")
+
+
+def fix() -> str:
+    """How to serve a LLaVA or Qwen-VL model where torchvision does not load."""
+    return (f"start vLLM with PYTHONPATH={STARTUP_DIR} (mmscope's torchvision-free stand-ins) "
+            "or install the torchvision build that matches your torch")
 
 
 class TorchvisionHint(logging.Filter):
@@ -18,10 +29,8 @@ class TorchvisionHint(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None and isinstance(record.msg, str) and _needs_torchvision(exc):
-            from mmscope.demo import environment
-
             hint = f"mmscope: this model file needs torchvision, which does not load here; " \
-                   f"{environment.fix()}"
+                   f"{fix()}"
             record.msg += "\n" + hint.replace("%", "%%")
         return True
 

@@ -4,13 +4,15 @@ Like an OpenTelemetry instrumentor: declares the versions it supports; instrumen
 """
 from __future__ import annotations
 
-from mmscope.carry import ttft
+from mmscope.carry import ttft_split
 from mmscope.emit import tracing
 from mmscope.flags import flag
 from mmscope.log import logger
-from mmscope.vllm import patching, request_spans, schema, stat_loggers, targets
+from mmscope.vllm import patching, targets
+from mmscope.vllm.api_server import request_spans, stat_loggers
 from mmscope.vllm.patching import When
-from mmscope.vllm.release_check import standing
+from mmscope.vllm.releases import SUPPORTED_VLLM, standing
+from mmscope.vllm.wire import scheduler_stats
 
 ENV_VARS = {
     "VLLM_MM_CACHE_PROBE": "1: log one mm_cache_probe HIT/MISS/DEFERRED line per encoder input",
@@ -30,11 +32,11 @@ def version_supported(version: str | None) -> bool:
     from packaging.version import Version
 
     return version is not None and Version(version.split("+")[0]) in SpecifierSet(
-        targets.SUPPORTED_VLLM)
+        SUPPORTED_VLLM)
 
 
 class VllmInstrumentor:
-    supported = targets.SUPPORTED_VLLM
+    supported = SUPPORTED_VLLM
     table = targets.TABLE
 
     def __init__(self):
@@ -52,15 +54,15 @@ class VllmInstrumentor:
             logger.info("mmscope: vLLM %s is %s, not tested; `mmscope doctor` shows every hook",
                         version, standing(version))
         register_env_vars()
-        schema.inject_scheduler_stats_fields()
+        scheduler_stats.declare_fields()
         self.table.apply(When.START, version)
         if tracing.on:
             self.table.apply(When.TRACING, version)
         if request_spans.SPANS is not None:  # vLLM already traces requests in this process
             self.table.apply(When.OTLP, version)
-        if ttft.enabled():  # every request's processor time is a part of its split
+        if ttft_split.enabled():  # every request's processor time is a part of its split
             self.table.apply(When.MEDIA, version)
-        stat_loggers.install_log_filter()
+        stat_loggers.install()
         patching.rewrap_instances()
         self.instrumented = True
         return self.status()
@@ -68,7 +70,7 @@ class VllmInstrumentor:
     def uninstrument(self) -> None:
         self.table.revert()
         patching.unwrap_instances()
-        stat_loggers.remove_log_filter()
+        stat_loggers.remove()
         self.instrumented = False
 
     def status(self) -> dict[str, str]:

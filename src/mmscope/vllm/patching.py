@@ -251,7 +251,7 @@ def skipped_hooks() -> tuple[str, ...]:
 
 class TurnedOff:
     """The hooks of this process that turned themselves off: name -> why, all of them, and those
-    not yet sent on to where the API server reports them (vllm/engine_stats.py)."""
+    not yet sent on to where the API server reports them (vllm/engine_core/handoff.py)."""
 
     def __init__(self):
         self.all: dict[str, str] = {}

@@ -6,20 +6,19 @@ this table (docs/vllm-0.34.md: how a release is checked).
 from __future__ import annotations
 
 from mmscope import stages
-from mmscope.carry import ttft
-from mmscope.vllm import engine_stats, media, processor, request_spans as rs
-from mmscope.vllm import request_times as rt, runner_output as ro
-from mmscope.vllm import scheduler as sch, stat_loggers as sl, step_scopes as sc
-from mmscope.vllm import step_telemetry as st, worker_stages as ws
+from mmscope.carry import ttft_split
+from mmscope.vllm.api_server import media_items as media, processor, request_spans as rs
+from mmscope.vllm.api_server import request_times as rt, stat_loggers as sl, stats_line
+from mmscope.vllm.engine_core import handoff, scheduler as sch
+from mmscope.vllm.worker import outputs, preprocess_stages as ws, step_scopes as sc
+from mmscope.vllm.worker import step_telemetry as st
 from mmscope.vllm.patching import Hook, Table, When
-from mmscope.vllm.runners import RUNNER_STANDALONE, RUNNER_V1, RUNNER_V2, V1, V2
+from mmscope.vllm.runners import RUNNER_STANDALONE, RUNNER_V1, RUNNER_V2, V1, V2, V2_STANDALONE
+from mmscope.vocabulary import Feature, Process
 
-SUPPORTED_VLLM = ">=0.32,<0.35"
-
-# Processes and features (MMSCOPE_SKIP_HOOKS names either; docs/design.md §5 "Controls").
-ENGINE_CORE, API_SERVER, WORKER = "EngineCore", "API server", "worker"
-ACCOUNTING, METRICS, RANGES, TELEMETRY = "accounting", "metrics", "ranges", "telemetry"
-TTFT_PARTS, OTLP = "ttft_parts", "otlp"
+ACCOUNTING, METRICS, RANGES, TELEMETRY = (Feature.ACCOUNTING, Feature.METRICS, Feature.RANGES,
+                                          Feature.TELEMETRY)
+TTFT_PARTS, OTLP = Feature.TTFT_PARTS, Feature.OTLP
 
 SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
 ECM = "vllm.v1.core.encoder_cache_manager:EncoderCacheManager"
@@ -35,7 +34,7 @@ STANDALONE_RELEASES = ">=0.34"  # and added a V2 runner of its own for CPUs with
 
 
 def engine_core(name, path, params, wrapper, feature=ACCOUNTING) -> Hook:
-    return Hook(name, path, params, wrapper, feature, ENGINE_CORE)
+    return Hook(name, path, params, wrapper, feature, Process.ENGINE_CORE)
 
 
 # EngineCore: the scheduler's encoder decisions (docs/design.md §4) and what its stats carry.
@@ -50,12 +49,12 @@ ENGINE_CORE_ROWS = [
     engine_core("scheduler.commit", f"{SCHED}.schedule", (), sch.step_scheduled),
     engine_core("scheduler.created", f"{SCHED}.__init__", (), sch.scheduler_created, METRICS),
     engine_core("scheduler.emit_stats", f"{SCHED}.update_from_output",
-                ("scheduler_output", "model_runner_output"), engine_stats.stats_attached),
+                ("scheduler_output", "model_runner_output"), handoff.stats_attached),
 ]
 
 
 def api_server(name, path, params, wrapper, feature, when=When.START) -> Hook:
-    return Hook(name, path, params, wrapper, feature, API_SERVER, when=when)
+    return Hook(name, path, params, wrapper, feature, Process.API_SERVER, when=when)
 
 
 # API server (or the offline LLM's process): Prometheus series, the stats line, the mm:* ranges,
@@ -65,7 +64,7 @@ API_SERVER_ROWS = [
                sl.prometheus_created, METRICS),
     api_server("stat_loggers.record", f"{LOGGERS}:StatLoggerManager.record",
                ("scheduler_stats", "engine_idx"), sl.stats_recorded, METRICS),
-    api_server("log_line.format", f"{LOGGERS}:LoggingStatLogger.log", (), sl.stats_logged,
+    api_server("log_line.format", f"{LOGGERS}:LoggingStatLogger.log", (), stats_line.stats_logged,
                METRICS),
     api_server("request_times.assigned",
                "vllm.v1.engine.input_processor:InputProcessor.assign_request_id", ("request",),
@@ -82,7 +81,7 @@ API_SERVER_ROWS = [
     api_server("ranges.warm_up",
                "vllm.multimodal.processing.processor:BaseMultiModalProcessor.get_dummy_mm_inputs",
                (), processor.dummy_inputs_made, RANGES),
-    # Media before the processor (vllm/media.py): each item's fetch, then its decode by the media
+    # Media before the processor (api_server/media_items.py): each item's fetch, then its decode by the media
     # IO vLLM made for it; each chat render's items and processing, for the TTFT split and the
     # fetches the processor cache made pointless: those rows apply once an item comes by URL
     # (or at start with the split on), so a process given only objects (the offline LLM's PIL
@@ -124,12 +123,12 @@ API_SERVER_ROWS = [
 
 def worker(name, path, params, wrapper, feature, runner=None, when=When.START,
            releases="") -> Hook:
-    return Hook(name, path, params, wrapper, feature, WORKER, runner=runner,
+    return Hook(name, path, params, wrapper, feature, Process.WORKER, runner=runner,
                 releases=V1_RELEASES if runner == V1 else releases, when=when)
 
 
 def standalone(name, path, params, wrapper, feature, when=When.START) -> Hook:
-    return worker(name, path, params, wrapper, feature, V2, when, STANDALONE_RELEASES)
+    return worker(name, path, params, wrapper, feature, V2_STANDALONE, when, STANDALONE_RELEASES)
 
 
 # Worker: the stages under `gpu_model_runner: preprocess` (docs/design.md §3), the step's shape,
@@ -152,13 +151,13 @@ WORKER_ROWS = [
            V1),
     worker("telemetry.step_shape", f"{RUNNER_V1}._prepare_inputs", ("num_scheduled_tokens",),
            st.inputs_prepared, TELEMETRY, V1),
-    worker("stage_metrics.execute_model", f"{RUNNER_V1}.execute_model", (), ro.carried,
+    worker("stage_metrics.execute_model", f"{RUNNER_V1}.execute_model", (), outputs.carried,
            METRICS, V1),
-    worker("stage_metrics.sample_tokens", f"{RUNNER_V1}.sample_tokens", (), ro.carried, METRICS,
+    worker("stage_metrics.sample_tokens", f"{RUNNER_V1}.sample_tokens", (), outputs.carried, METRICS,
            V1),
     worker("stage_metrics.async_output",
            "vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput.get_output", (),
-           ro.carried, METRICS, V1),
+           outputs.carried, METRICS, V1),
     # The step's own ranges through mmscope's backends, only while it traces: V1 calls the name
     # its module imported, so that module's name is wrapped (the scheduler's and the engine's
     # scopes, none of them a stage's parent, keep vLLM's own switches).
@@ -180,12 +179,12 @@ WORKER_ROWS = [
            V2),
     worker("telemetry.step_shape.v2", f"{RUNNER_V2}.prepare_inputs", (), st.batch_prepared,
            TELEMETRY, V2),
-    worker("stage_metrics.sample_tokens.v2", f"{RUNNER_V2}.sample_tokens", (), ro.carried,
+    worker("stage_metrics.sample_tokens.v2", f"{RUNNER_V2}.sample_tokens", (), outputs.carried,
            METRICS, V2),
     worker("stage_metrics.async_output.v2", "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output",
-           (), ro.carried_as(stages.MODEL_RUNNER_OUTPUT), METRICS, V2),
+           (), outputs.carried_as(stages.MODEL_RUNNER_OUTPUT), METRICS, V2),
     # V2 opens no range of its own: mmscope opens the step's at the calls that bound its phases
-    # (vllm/step_scopes.py), only while it traces.
+    # (worker/step_scopes.py), only while it traces.
     worker("ranges.vllm_scopes.v2.step", f"{RUNNER_V2}.execute_model", ("dummy_run",),
            sc.step_executed, RANGES, V2, When.TRACING),
     worker("ranges.vllm_scopes.v2.forward",
@@ -208,7 +207,7 @@ WORKER_ROWS = [
     standalone("telemetry.step_shape.standalone", f"{RUNNER_STANDALONE}.prepare_inputs", (),
                st.batch_prepared, TELEMETRY),
     standalone("stage_metrics.sample_tokens.standalone", f"{RUNNER_STANDALONE}.sample_tokens", (),
-               ro.carried, METRICS),
+               outputs.carried, METRICS),
     standalone("ranges.vllm_scopes.standalone.step", f"{RUNNER_STANDALONE}.execute_model",
                ("dummy_run",), sc.step_executed, RANGES, When.TRACING),
     standalone("ranges.vllm_scopes.standalone.forward", f"{KV_STANDALONE}:KVConnector.pre_forward",
@@ -222,4 +221,4 @@ WORKER_ROWS = [
                f"{RUNNER_STANDALONE}.postprocess_sampled", (), sc.bookkept, RANGES, When.TRACING),
 ]
 
-TABLE = Table(ENGINE_CORE_ROWS + API_SERVER_ROWS + WORKER_ROWS, switches={TTFT_PARTS: ttft.ENV})
+TABLE = Table(ENGINE_CORE_ROWS + API_SERVER_ROWS + WORKER_ROWS, switches={TTFT_PARTS: ttft_split.ENV})
