@@ -111,6 +111,8 @@ class Server:
         def take(lines: list[bytes]) -> None:
             nonlocal first, usage
             for line in lines:
+                if first is not None and b'"usage"' not in line and b'"error"' not in line:
+                    continue  # a token after the first: nothing in it to read
                 chunk = _sse_chunk(line, what)
                 if chunk is None:
                     continue

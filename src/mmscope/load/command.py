@@ -365,6 +365,8 @@ class _progress:
                       for lv in workload.levels}
 
     def __enter__(self):
+        if self.bar.disable:  # nothing to show: no call a request
+            return lambda level: None
         self.bar.start()
         return lambda level: lambda: self.bar.advance(self.tasks[level.level])
 

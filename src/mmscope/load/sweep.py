@@ -90,7 +90,7 @@ class LevelResult:
             return None
         return bounds(self.plan, len(self.deltas))
 
-    @property
+    @cached_property
     def verdict(self) -> Verdict:
         verdict = epd.with_pd(judge(self.plan, self.observed, self.capacity_allows, self.routed),
                               self.plan.images, self.delta)
@@ -98,7 +98,7 @@ class LevelResult:
             return verdict
         return replace(verdict, text=f"{verdict.text}; {self.fetches.text()}")
 
-    @property
+    @cached_property
     def capacity_allows(self) -> int | None:
         """Hits of an LRU of each instance's capacity on the requests it was sent."""
         spread = self.spread
