@@ -62,24 +62,42 @@ def test_levels_and_probe_use_fresh_images():
     assert w.data_url(plan.PROBE_LEVEL, 0) not in urls[0] | urls[1]
 
 
-def test_images_are_files_of_the_format_and_size_asked():
+def decoded(data_url: tuple[bytes, ...]):
     import base64
     import io
 
     from PIL import Image
 
-    for fmt in ("png", "jpeg"):
-        url = json.loads(plan.build(1, [0.0], 1, 1, (48, 20), image_format=fmt).data_url(0, 0))
-        assert url.startswith(f"data:image/{fmt};base64,")
-        img = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
-        img.load()  # every chunk's CRC and the stream's checksum hold
-        assert img.format == fmt.upper() and img.size == (48, 20) and img.mode == "RGB"
-    # A PNG holds exactly the pixels drawn: the rows after their filter byte.
+    url = json.loads(b"".join(data_url))
+    img = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    img.load()  # every chunk's checksum and the image data's hold
+    return url, img
+
+
+@pytest.mark.parametrize("size", [(48, 20), (1, 1), (224, 224), (4096, 17)])
+def test_images_are_files_of_the_format_and_size_asked(size):
+    import base64
+
     import numpy as np
 
-    rows = np.arange(3 * 7, dtype=np.uint8).reshape(3, 7)  # 3 rows of 2 RGB pixels
-    img = Image.open(io.BytesIO(plan.png(rows.copy())))
-    assert (np.asarray(img) == rows[:, 1:].reshape(3, 2, 3)).all()
+    for fmt in ("png", "jpeg"):
+        workload = plan.build(1, [0.0, 0.0], 1, 1, size, image_format=fmt)
+        url, img = decoded(workload.data_url(0, 0))
+        assert url.startswith(f"data:image/{fmt};base64,")
+        assert img.format == fmt.upper() and img.size == size and img.mode == "RGB"
+        assert base64.b64decode(url.split(",", 1)[1]) == workload.image_file(0, 0)
+    # A PNG holds exactly its level's canvas, its last row its own: images of a level differ
+    # there, images of two levels everywhere.
+    workload = plan.build(1, [0.0, 0.0], 1, 1, size)
+    pixels = {(lv, i): np.asarray(decoded(workload.data_url(lv, i))[1])
+              for lv, i in ((0, 0), (0, 1), (1, 0))}
+    canvas = workload.canvas(0)
+    width, height = size
+    assert (pixels[(0, 0)][:-1] == canvas.rows[:-1, 1:].reshape(height - 1, width, 3)).all()
+    assert (pixels[(0, 0)][-1] == canvas.last_row(0)[1:].reshape(-1, 3)).all()
+    assert (pixels[(0, 0)][:-1] == pixels[(0, 1)][:-1]).all()
+    assert (pixels[(0, 0)][-1] != pixels[(0, 1)][-1]).any()
+    assert (pixels[(0, 0)] != pixels[(1, 0)]).any()
 
 
 def test_repeats_fill_whole_requests():
@@ -174,7 +192,7 @@ def against(handler, call, timeout: float = 5.0):
     return asyncio.run(_against(handler, call, timeout))
 
 
-def chat(handler, images=(b'"data:image/png;base64,AA=="',), timeout: float = 5.0) -> Timing:
+def chat(handler, images=((b'"data:image/png;base64,AA=="',),), timeout: float = 5.0) -> Timing:
     return against(handler, lambda server: server.chat("m", "hello", list(images), 2, "request 0"),
                    timeout)
 

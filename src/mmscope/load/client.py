@@ -88,7 +88,7 @@ class Server:
         except ValueError:
             raise UserError(f"{self.base}{METRICS_PATH} is not a Prometheus metrics page") from None
 
-    async def chat(self, model: str, text: str, image_urls: list[bytes], max_tokens: int,
+    async def chat(self, model: str, text: str, image_urls: list[Url], max_tokens: int,
                    what: str, images_first: bool = False) -> Timing:
         """One streamed chat completion. The text goes first, so that requests differ from token
         one, unless `images_first` (the prefix plan, where the repeats' prefixes are shared)."""
@@ -158,22 +158,30 @@ class Server:
                             "server?") from None
 
 
-def json_text(value: str) -> bytes:
-    """A URL as the JSON string `chat_body` takes."""
-    return json.dumps(value).encode()
+Url = tuple[bytes, ...]  # a URL as the pieces of its JSON string, quotes included
 
 
-def chat_body(model: str, text: str | None, image_urls: list[bytes], max_tokens: int,
+def json_text(value: str) -> Url:
+    """A URL as `chat_body` takes it."""
+    return (json.dumps(value).encode(),)
+
+
+IMAGE_PART = b'{"type":"image_url","image_url":{"url":'
+
+
+def chat_body(model: str, text: str | None, image_urls: list[Url], max_tokens: int,
               images_first: bool = False) -> bytes:
-    """A streamed chat request of one user message: `text` (none if None) and the images, whose
-    URLs come as JSON strings (`json_text`) and are spliced in as they are: an image of a few
-    hundred KB is never encoded again for each request that carries it."""
-    images = [b'{"type":"image_url","image_url":{"url":%s}}' % url for url in image_urls]
-    words = [] if text is None else [json.dumps({"type": "text", "text": text}).encode()]
-    content = b",".join(images + words if images_first else words + images)
+    """A streamed chat request of one user message: `text` (none if None) and the images. Each
+    image URL comes as the pieces of its JSON string and is spliced in as it is, all copied once:
+    an image of a few hundred KB is never encoded again for each request that carries it."""
+    images = [(IMAGE_PART, *url, b"}}") for url in image_urls]
+    words = [] if text is None else [(json.dumps({"type": "text", "text": text}).encode(),)]
     options = json.dumps({"model": model, "max_tokens": max_tokens, "temperature": 0.0,
                           "stream": True, "stream_options": {"include_usage": True}}).encode()
-    return b'{"messages":[{"role":"user","content":[%s]}],%s' % (content, options[1:])
+    pieces = [b'{"messages":[{"role":"user","content":[']
+    for n, part in enumerate(images + words if images_first else words + images):
+        pieces += [b","] * (n > 0) + list(part)
+    return b"".join([*pieces, b"]}],", options[1:]])
 
 
 def _sse_chunk(line: bytes, what: str) -> dict | None:

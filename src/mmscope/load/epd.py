@@ -13,14 +13,14 @@ from dataclasses import replace
 
 from mmscope.errors import UserError
 from mmscope.load import series
-from mmscope.load.client import Server, Timing, chat_body
+from mmscope.load.client import Server, Timing, Url, chat_body
 from mmscope.load.verdict import UNEXPLAINED, Verdict
 
 PD = "pd:"  # the PD instance's series in a pair's readings, beside the encoder instance's
 PRIMER_MAX_TOKENS = 1
 
 
-def primers(model: str, image_urls: list[bytes]) -> list[bytes]:
+def primers(model: str, image_urls: list[Url]) -> list[bytes]:
     """One request per image: that image alone, no text, one token; what the encoder instance
     needs to compute and publish the item. (vLLM's proxy does not stream it; here it streams like
     the original, which changes nothing the encoder does.)"""
@@ -49,7 +49,7 @@ class PairServer(Server):
         reading.update((PD + k, v) for k, v in pd.items())
         return reading
 
-    async def chat(self, model: str, text: str, image_urls: list[bytes], max_tokens: int,
+    async def chat(self, model: str, text: str, image_urls: list[Url], max_tokens: int,
                    what: str, images_first: bool = False) -> Timing:
         """The pair's time to first token: from the first primer to the PD instance's token."""
         start = time.perf_counter()

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from mmscope import stages
 from mmscope.load import series
-from mmscope.load.client import json_text
-from mmscope.load.plan import IMAGE_FORMATS, LevelPlan, PlannedRequest, Workload
+from mmscope.load.client import Url, json_text
+from mmscope.load.images import IMAGE_FORMATS
+from mmscope.load.plan import LevelPlan, PlannedRequest, Workload
 
 DATA_URL, HTTP = "data_url", "http"
 SOURCES = (DATA_URL, HTTP)
@@ -39,13 +40,13 @@ class Urls:
         self.workload, self.options, self.server = workload, options, media_server
         self.names: dict[int, list[str]] = {}  # level -> names served
 
-    def of(self, plan: LevelPlan, request: PlannedRequest) -> list[bytes]:
-        """As JSON strings, the form request bodies take them in."""
+    def of(self, plan: LevelPlan, request: PlannedRequest) -> list[Url]:
+        """In the form request bodies take them in."""
         if self.options.source(request) == DATA_URL:
             return [self.workload.data_url(plan.level, i) for i in request.images]
         return [self._served(plan.level, i, request.index) for i in request.images]
 
-    def _served(self, level: int, image: int, index: int) -> bytes:
+    def _served(self, level: int, image: int, index: int) -> Url:
         fmt = self.workload.image_format
         suffix = f"-r{index}" if self.options.vary_urls else ""
         name = f"{self.workload.seed}-{level}-{image}{suffix}.{fmt}"

@@ -1,27 +1,22 @@
 """The workload of one sweep, fixed by a seed: per reuse level, which images each request carries,
 which of them repeat an image sent earlier in that level, and a prompt text unique to the request.
 
-Images are synthetic noise rendered to PNG (or JPEG) before a level's first request; each level
+Images are synthetic noise (load/images.py) rendered before a level's first request; each level
 draws fresh ones, so levels (and runs with other seeds) never share cache entries. The prefix plan (`prefix=True`) instead
 repeats whole requests, images first and a long text after them, so that the prefix cache can
 cover a repeat's images (vLLM then never looks them up: `vllm:encoder_cache_prefix_covered`).
 """
 from __future__ import annotations
 
-import base64
-import io
 import random
-import struct
-import zlib
 from dataclasses import dataclass, field
 
-# Mixed into every pixel seed so our images never coincide with other numpy-seeded images.
-PIXEL_DOMAIN = 0x6D6D6C64  # "mmld"
+from mmscope.load.images import Canvas
+
 PROBE_LEVEL = 2**31 - 1  # a level no sweep reaches: the preflight's probe image lives there
 # Words of text after the images in the prefix plan: more than a KV block (16 tokens on GPU,
 # 128 on CPU) beyond the last image, so the blocks holding the images fill and are cached whole.
 PREFIX_WORDS = 120
-IMAGE_FORMATS = {"png": "image/png", "jpeg": "image/jpeg"}  # --media-format -> content type
 
 
 @dataclass(frozen=True)
@@ -72,30 +67,23 @@ class Workload:
     prefix: bool = False  # the prefix plan: whole requests repeated, images before the text
     image_format: str = "png"
     lanes: int = 1
-    _files: dict[tuple[int, int], bytes] = field(default_factory=dict, repr=False, compare=False)
-    _urls: dict[tuple[int, int], bytes] = field(default_factory=dict, repr=False, compare=False)
+    _canvases: dict[int, Canvas] = field(default_factory=dict, repr=False, compare=False)
+
+    def canvas(self, level: int) -> Canvas:
+        """The level's images, each made once and kept until `forget(level)`."""
+        if level not in self._canvases:
+            self._canvases[level] = Canvas(self.seed, level, self.image_size, self.image_format)
+        return self._canvases[level]
 
     def image_file(self, level: int, image: int) -> bytes:
-        """An image's file in `image_format`, rendered once and kept until `forget(level)`."""
-        key = (level, image)
-        if key not in self._files:
-            self._files[key] = image_file(self.seed, level, image, self.image_size,
-                                          self.image_format)
-        return self._files[key]
+        return self.canvas(level).file(image)
 
-    def data_url(self, level: int, image: int) -> bytes:
-        """The image's data URL as a JSON string (quoted), made once and kept until
-        `forget(level)`: request bodies take it as it is (base64 needs no JSON escapes)."""
-        key = (level, image)
-        if key not in self._urls:
-            self._urls[key] = (f'"data:{IMAGE_FORMATS[self.image_format]};base64,'.encode()
-                               + base64.b64encode(self.image_file(level, image)) + b'"')
-        return self._urls[key]
+    def data_url(self, level: int, image: int) -> tuple[bytes, ...]:
+        """In the form request bodies take it in (client.Url)."""
+        return self.canvas(level).data_url(image)
 
     def forget(self, level: int) -> None:
-        for kept in (self._files, self._urls):
-            for key in [k for k in kept if k[0] == level]:
-                del kept[key]
+        self._canvases.pop(level, None)
 
 
 def build(seed: int, reuse_levels: list[float], requests: int, images_per_request: int,
@@ -189,40 +177,3 @@ def prompt_text(seed: int, level: int, index: int) -> str:
     """Unique per request, and sent before the images, so no prefix-cache hit can cover an image
     and skip its encoder-cache lookup."""
     return f"Request {index} of level {level} (seed {seed}): what do these images show?"
-
-
-def image_file(seed: int, level: int, image: int, size: tuple[int, int], fmt: str) -> bytes:
-    import numpy as np
-
-    width, height = size
-    rng = np.random.default_rng([PIXEL_DOMAIN, seed, level, image])
-    # The generator's raw words as bytes: a quarter of the cost of drawing bytes one by one.
-    words = rng.bit_generator.random_raw(-(-height * (1 + 3 * width) // 8))
-    rows = words.view(np.uint8)[:height * (1 + 3 * width)].reshape(height, 1 + 3 * width)
-    if fmt == "png":
-        return png(rows)
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(rows[:, 1:].reshape(height, width, 3)).save(buf, format="JPEG", quality=90)
-    return buf.getvalue()
-
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-PNG_RGB8 = (8, 2, 0, 0, 0)  # bit depth 8, colour type RGB, deflate, filter method 0, no interlace
-
-
-def png(rows) -> bytes:
-    """An RGB PNG of `rows` (height x (1 + 3 width) uint8: a byte for the row's filter, which is
-    set to 0, none, then its pixels), in deflate's stored blocks. Noise gains nothing from PNG's
-    row filters or compression, which Pillow's encoder spends ten times the noise's own cost on
-    (it tries every filter on every row)."""
-    height, width = rows.shape[0], (rows.shape[1] - 1) // 3
-    rows[:, 0] = 0
-    header = struct.pack(">II5B", width, height, *PNG_RGB8)
-    return b"".join((PNG_SIGNATURE, _chunk(b"IHDR", header),
-                     _chunk(b"IDAT", zlib.compress(rows.tobytes(), 0)), _chunk(b"IEND", b"")))
-
-
-def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
