@@ -5,7 +5,9 @@
 Each client sends the same number of streamed chat requests of one image (64x64 by default) and
 reads every answer to its end; each runs in a fresh process, the clients take turns within a round.
 Printed: requests per second of each (median of the rounds, and their range), ours against the
-others round by round, and the share of `mmscope load`'s run that building its images took.
+others round by round, the share of `mmscope load`'s run that building its images took, and the
+CPU time a request costs ours and the bare client (the run's less a one-request run's, per request:
+a figure other work on the machine hardly moves).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,21 +63,27 @@ class FakeServer:
         self.proc.wait(30)
 
 
+def children_cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 def run_mmscope(url: str, requests: int, concurrency: int, size: int, seed: int) -> dict:
-    """`mmscope load` at reuse 0.5: its level's requests per second, its image build and the
-    whole command's wall time."""
-    start = time.perf_counter()
+    """`mmscope load` at reuse 0.5: its level's requests per second, its image build, the whole
+    command's wall time and its CPU time."""
+    start, cpu = time.perf_counter(), children_cpu_s()
     done = subprocess.run(
         [sys.executable, "-m", "mmscope.cli", "load", "--url", url, "--reuse", "0.5",
          "--requests", str(requests), "--image-size", f"{size}x{size}", "--concurrency",
          str(concurrency), "--seed", str(seed), "--json"],
         capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, children_cpu_s() - cpu
     if done.returncode != 0:
         raise RuntimeError(f"mmscope load failed: {done.stderr[-2000:]}")
     level = json.loads(done.stdout)["levels"][0]
     assert level["verdict"]["status"] == "match", level["verdict"]
-    return {"rps": level["throughput_rps"], "build_s": level["build_s"], "run_s": wall}
+    return {"rps": level["throughput_rps"], "build_s": level["build_s"], "run_s": wall,
+            "cpu_s": cpu}
 
 
 def run_vllm_bench(url: str, requests: int, concurrency: int, size: int, seed: int) -> dict:
@@ -99,12 +108,13 @@ def run_vllm_bench(url: str, requests: int, concurrency: int, size: int, seed: i
 
 
 def run_bare(url: str, requests: int, concurrency: int, size: int, seed: int) -> dict:
+    cpu = children_cpu_s()
     done = subprocess.run([sys.executable, __file__, "--as-bare-client", url, str(requests),
                            str(concurrency), str(size)],
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     if done.returncode != 0:
         raise RuntimeError(f"the bare client failed: {done.stderr[-2000:]}")
-    return {"rps": float(done.stdout)}
+    return {"rps": float(done.stdout), "cpu_s": children_cpu_s() - cpu}
 
 
 async def bare_client(url: str, requests: int, concurrency: int, size: int) -> float:
@@ -146,9 +156,18 @@ RUNNERS = {"mmscope load": run_mmscope, "vllm bench serve": run_vllm_bench,
            "bare aiohttp": run_bare}
 
 
+CPU_CLIENTS = ("mmscope load", "bare aiohttp")  # vllm bench serve's CPU holds its dataset's making
+
+
 def measure(url: str, requests: int, concurrencies: list[int], size: int, rounds: int) -> dict:
+    """Each client's figures per concurrency and round; and, for a CPU time per request that
+    other work on the machine does not move, each one's CPU time for a single request."""
     figures: dict = {(c, name): [] for c in concurrencies for name in CLIENTS}
     seed = 1000
+    for c in concurrencies:
+        for name in CPU_CLIENTS:
+            seed += 1
+            figures[(c, name, "one")] = RUNNERS[name](url, 1, c, size, seed)["cpu_s"]
     for round_ in range(rounds):
         for c in concurrencies:
             order = CLIENTS[round_ % 3:] + CLIENTS[:round_ % 3]  # each client first in turn
@@ -164,7 +183,7 @@ def median_range(values: list[float]) -> str:
     return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
 
 
-def print_table(figures: dict, concurrencies: list[int]) -> None:
+def print_table(figures: dict, concurrencies: list[int], requests: int) -> None:
     print("| client | " + " | ".join(f"c={c}" for c in concurrencies) + " |")
     print("|---|" + "---|" * len(concurrencies))
     for name in CLIENTS:
@@ -184,6 +203,12 @@ def print_table(figures: dict, concurrencies: list[int]) -> None:
         run = statistics.median(f["run_s"] for f in runs)
         cells.append(f"{build:.2f} s of {run:.2f} s ({build / run:.0%})")
     print("| mmscope load: image build of the whole run | " + " | ".join(cells) + " |")
+    for name in CPU_CLIENTS:
+        cells = []
+        for c in concurrencies:
+            extra = [f["cpu_s"] - figures[(c, name, "one")] for f in figures[(c, name)]]
+            cells.append(f"{statistics.median(extra) / (requests - 1) * 1000:.3f}")
+        print(f"| {name}: CPU ms per request | " + " | ".join(cells) + " |")
 
 
 def main() -> int:
@@ -210,7 +235,7 @@ def main() -> int:
     print(f"{args.requests} requests of one {args.image_size}x{args.image_size} image, "
           f"median of {args.rounds} rounds (range); load average before and after: "
           f"{load_before:.1f}, {os.getloadavg()[0]:.1f}")
-    print_table(figures, concurrencies)
+    print_table(figures, concurrencies, args.requests)
     return 0
 
 
