@@ -1,25 +1,13 @@
 """docs/design.md §9: the plugin never changes vLLM's results, and a failing hook never takes vLLM down."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from tests.kit.engine import results_run as run
+
 pytestmark = pytest.mark.vllm
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def run(model, *args, env=None):
-    proc = subprocess.run([sys.executable, "-m", "tests.kit.results_run", model, *args],
-                          capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=dict(os.environ, **(env or {})))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
 
 
 def test_same_tokens_and_vllm_timing_without_plugin_with_every_range_and_a_hook_failing(

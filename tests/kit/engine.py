@@ -2,7 +2,10 @@
 on the worker side (in-process engines run the worker in the test process)."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 from mmscope.demo.inputs import image  # noqa: F401 - distinct content per seed, for the tests
 from mmscope.expose import readout
@@ -71,3 +74,16 @@ class EncoderWork:
 
     def close(self):
         self.cls.embed_multimodal = self._orig
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def results_run(model: str, *args: str, env: dict | None = None) -> dict:
+    """tests/kit/results_run.py's fixed workload in a fresh process: what it printed."""
+    proc = subprocess.run([sys.executable, "-m", "tests.kit.results_run", model, *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=dict(os.environ, **(env or {})))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])

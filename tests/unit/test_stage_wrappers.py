@@ -210,6 +210,27 @@ def test_v2_encoder_batches_are_vit_forward_only_inside_a_steps_encoder_operatio
     assert traced_names(tmp_path) == [stages.VIT_FORWARD] * 2
 
 
+def test_the_encoder_graphs_eager_road_is_one_batch_not_two(tmp_path):
+    """A batch beyond the encoder's CUDA-graph budgets runs eagerly inside
+    EncoderCudaGraphManager.execute, through the model's embed_multimodal (vLLM 0.34's
+    Pixtral): one vit_forward range and sample, not one nested in another."""
+    from vllm.v1.worker.encoder_cudagraph import EncoderCudaGraphManager
+
+    encoder = bare_encoder_runner()
+    manager = object.__new__(EncoderCudaGraphManager)
+    manager.use_dp, manager.graph_hits, manager.graph_misses = False, 0, 0
+    manager.log_stats_interval = 100
+    manager.get_cumulative_stats = dict
+    manager._execute_local = lambda batch: encoder.model.embed_multimodal(**batch)
+    tracing.configure("chrome", str(tmp_path))
+    with applied("ranges.vit_forward.v2"), applied("ranges.vit_forward.v2.cudagraph"):
+        with encoder.timed_encoder_operation(["r1"]):
+            assert manager.execute({"items": [1, 2]}) == ["embedding of 1", "embedding of 2"]
+            assert encoder.model.embed_multimodal(items=[3]) == ["embedding of 3"]
+    assert counts(WORKER) == {stages.VIT_FORWARD: 2}
+    assert traced_names(tmp_path) == [stages.VIT_FORWARD] * 2
+
+
 @pytest.mark.parametrize("hook_name, drafter_call", [
     ("ranges.gather_mm_embeddings", {"shift_computed_tokens": 1}),
     ("ranges.gather_mm_embeddings.v2", {"draft_lookahead": 1})])
@@ -283,9 +304,11 @@ class Preprocessing(Runner):
         return None, num_tokens
 
 
-def test_preparing_the_inputs_gives_a_sample_only_in_a_step_that_gathered_embeddings():
+def test_preparing_the_inputs_gives_a_sample_only_in_a_step_that_gathered_embeddings(tmp_path):
     """vLLM's _preprocess gathers, then prepares the inputs, every step: a decode step's prepare
-    is no multimodal work, so only a step whose gather found embeddings gives its sample."""
+    is no multimodal work, so only a step whose gather found embeddings gives its sample. V1's
+    dummy runs (warm-up, profiling, graph capture) prepare inputs with no gather: no step, no
+    range."""
     hooks = [Hook("test.gather", f"{__name__}:Preprocessing._gather_mm_embeddings",
                   ("shift_computed_tokens",), worker_stages.gather_mm_embeddings, "ranges",
                   "worker"),
@@ -293,16 +316,20 @@ def test_preparing_the_inputs_gives_a_sample_only_in_a_step_that_gathered_embedd
                   worker_stages.prepare_mm_inputs, "ranges", "worker")]
     for hook in hooks:
         hook.apply()
+    worker_stages._step_gathered = None  # as in a new worker (other tests gathered)
+    tracing.configure("chrome", str(tmp_path))
     try:
         runner = Preprocessing()
+        assert runner._prepare_mm_inputs(7) == (None, 7)  # a dummy run at start-up
         for step_embeddings in (2, 0, 0, 1, 0):  # a prefill with an image, decodes, another
             runner._gather_mm_embeddings(step_embeddings)
             assert runner._prepare_mm_inputs(7) == (None, 7)
-        runner._prepare_mm_inputs(7)  # a path with no gather before it
+        runner._prepare_mm_inputs(7)  # another dummy run
     finally:
         for hook in hooks:
             hook.revert()
     assert counts(WORKER) == {stages.GATHER_MM_EMBEDDINGS: 2, stages.PREPARE_MM_INPUTS: 2}
+    assert traced_names(tmp_path) == [stages.GATHER_MM_EMBEDDINGS, stages.PREPARE_MM_INPUTS] * 5
 
 
 def test_the_table_times_vllms_gather_and_prepare_methods():

@@ -6,6 +6,7 @@ A collector's clock says what a duration is: host wall time, or device time read
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 
@@ -40,19 +41,29 @@ class DeviceEventClock:
     read back once the later event has completed (`query()`), never by waiting for it. Each
     drain reads what has completed; the rest waits for the next one.
 
-    `make_event()` returns an event with `record()`, `query()` and `elapsed_time(other)` in ms:
-    `torch.Event(device=..., enable_timing=True)` on a GPU."""
+    Under CUDA graphs an event recorded into a capturing stream becomes a node of the graph, not
+    a timestamp, and a query during a capture breaks it: while the current stream captures, a
+    stage records nothing and a drain reads nothing (a graph's stage is timed where the graph
+    replays, which is no capture). The reads run inside `reading()`, which keeps them from
+    breaking a capture that another thread runs (emit/device_events.py).
 
-    def __init__(self, make_event):
-        self.make_event = make_event
+    `make_event()` returns an event with `record()`, `query()` and `elapsed_time(other)` in ms;
+    `capturing()` says whether the current stream captures."""
+
+    def __init__(self, make_event, capturing, reading=contextlib.nullcontext):
+        self.make_event, self.capturing, self.reading = make_event, capturing, reading
         self.queued: deque = deque()  # (stage, start event, end event), in the order recorded
 
     def start(self):
+        if self.capturing():
+            return None
         event = self.make_event()
         event.record()
         return event
 
     def stop(self, collector: "StageCollector", stage: str, started) -> None:
+        if started is None or self.capturing():  # begun or ended inside a capture: no sample
+            return
         end = self.make_event()
         end.record()
         self.queued.append((stage, started, end))
@@ -65,9 +76,14 @@ class DeviceEventClock:
         # Events complete in the order their stream ran them: the first incomplete one stops
         # the read (a stage on another stream waits at most one drain longer).
         queued = self.queued
-        while queued and queued[0][2].query():
-            stage, started, end = queued.popleft()
-            collector.record(stage, round(started.elapsed_time(end) * 1e6))
+        if not queued:
+            return
+        with self.reading():
+            if self.capturing():
+                return
+            while queued and queued[0][2].query():
+                stage, started, end = queued.popleft()
+                collector.record(stage, round(started.elapsed_time(end) * 1e6))
 
 
 class StageCollector:
@@ -81,10 +97,10 @@ class StageCollector:
         self.step_ns: dict[str, int] = {}
         self.clock: HostClock | DeviceEventClock = HostClock()
 
-    def use_device_events(self, make_event) -> None:
+    def use_device_events(self, clock: DeviceEventClock) -> None:
         """The stages of this process run on an accelerator: time them with its events."""
         if not isinstance(self.clock, DeviceEventClock):
-            self.clock = DeviceEventClock(make_event)
+            self.clock = clock
 
     def record(self, stage: str, duration_ns: int) -> None:
         bucket = self.durations.get(stage)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from mmscope import stages
-from mmscope.emit import tracing
+from mmscope.emit import device_events, tracing
 from mmscope.emit.stage_timer import ENABLED, WORKER, timed_stage
 from mmscope.vllm import runners
 from mmscope.vllm.worker import ec_connector
@@ -75,18 +75,29 @@ def encoder_step(hook, wrapped, encoder_runner, args, kwargs):
     return _EncoderStep(wrapped(*args, **kwargs))
 
 
-def _not_a_step() -> bool:
-    return not _encoding
+_batch = timed(stages.VIT_FORWARD)
 
 
-# One call per encoder batch: the model's embed_multimodal, or the encoder's CUDA graph.
-encoder_batch = timed(stages.VIT_FORWARD, skip=_not_a_step)
+def encoder_batch(hook, wrapped, instance, args, kwargs):
+    """One encoder batch of a step: the model's embed_multimodal, or the encoder's CUDA graph
+    (EncoderCudaGraphManager.execute), whose eager road for a batch beyond its budgets calls
+    embed_multimodal in turn (vLLM 0.34's Pixtral): that inner call is no second batch."""
+    global _encoding
+    if not _encoding:
+        return wrapped(*args, **kwargs)
+    _encoding = False
+    try:
+        return _batch(hook, wrapped, instance, args, kwargs)
+    finally:
+        _encoding = True
 
 
 # --- gather, embed, prepare ---------------------------------------------------------------------
 # Whether this step's gather found multimodal embeddings: V1's _preprocess gathers before it
-# prepares the inputs, on the same thread, so the prepare stage reads (and clears) it.
-_step_gathered = False
+# prepares the inputs, on the same thread, so the prepare stage reads (and clears) it. None: no
+# gather since the last prepare, as in V1's dummy runs (warm-up, profiling, graph capture), which
+# prepare inputs outside any step.
+_step_gathered: bool | None = None
 
 
 def _gathered(result, *lookahead) -> bool:
@@ -101,8 +112,13 @@ def _merged(result, multimodal_embeddings) -> bool:
 
 def _prepared(result) -> bool:
     global _step_gathered
-    gathered, _step_gathered = _step_gathered, False
+    gathered, _step_gathered = _step_gathered, None
     return gathered
+
+
+def _dummy_run() -> bool:
+    """Inputs prepared with no gather before them: a dummy run, no step (no range, no sample)."""
+    return _step_gathered is None
 
 
 def _drafter(*lookahead) -> bool:
@@ -114,7 +130,7 @@ def _drafter(*lookahead) -> bool:
 # Every runner's gather; its row's param is V1's shift_computed_tokens, V2's draft_lookahead,
 # none for V2's standalone CPU runner, which has no drafter.
 gather_mm_embeddings = timed(stages.GATHER_MM_EMBEDDINGS, _gathered, skip=_drafter)
-prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, _prepared)
+prepare_mm_inputs = timed(stages.PREPARE_MM_INPUTS, _prepared, skip=_dummy_run)
 _embed_timed = timed(stages.EMBED_INPUT_IDS, _merged)
 
 
@@ -140,9 +156,7 @@ def _time_on_device(device) -> None:
     """On an accelerator, a stage's work runs after its call returns: sample it from events."""
     if device is None or getattr(device, "type", "cpu") == "cpu":
         return
-    import torch
-
-    WORKER.use_device_events(lambda: torch.Event(device=device, enable_timing=True))
+    WORKER.use_device_events(device_events.clock(device))
 
 
 def connector_created(hook, wrapped, cls, args, kwargs, role):
