@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, action="append",
                         help="a server's base URL, e.g. http://127.0.0.1:8000; repeat it for "
                              "several instances: the plan is spread over them, each image's "
-                             "every sight to one (only these hosts are contacted)")
+                             "every sight to one (only these hosts and --prometheus are "
+                             "contacted)")
     parser.add_argument("--shard", type=shard, default=None, metavar="K/N",
                         help="send part K of N of the plan (N processes, one plan: the same "
                              "--seed and the same number of --url in each), every sight of an "
