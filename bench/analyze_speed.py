@@ -1,13 +1,15 @@
-"""Benchmark of `mmscope analyze` on a large nsys-schema SQLite file (docs/design.md §8).
+"""Benchmark of `mmscope analyze` on large nsys-schema SQLite files (docs/design.md §8).
 
-Generates N NVTX rows and the CUPTI tables of their GPU work (cached in /tmp) and times, side by
-side in one run, each in a fresh process: the floors (SQLite's own `SELECT count(*),
-sum(end-start)`, DuckDB's `count(*)` over its SQLite scanner, DuckDB reading the analyzer's NVTX
-columns and joining its CUPTI columns without handing a row to Python), the whole
-`mmscope analyze FILE --json` (first run with an empty analysis cache, second run answered from
-it, and --no-cache), its phases one by one, and a peer tool's NVTX summary of the same file, first
-run, second run and direct mode (nsys-ai from PyPI, in its own virtual environment under /tmp,
-which this script creates when it is missing).
+Generates two files (cached in /tmp): N NVTX rows on eight threads, and N NVTX rows on four
+worker processes with the CUPTI tables of their GPU work. On each, side by side in one run, each
+case in a fresh process: the floor (the integer columns the analysis needs read into Arrow,
+rowid ranges on both cores, no row to Python: through ADBC's SQLite driver in mmscope's
+environment, and through connectorx in the peer's), the whole `mmscope analyze FILE --json`
+(first run with an empty analysis cache, second run answered from it, and --no-cache), and the
+peer's NVTX summary of the same file in its direct mode (nsys-ai from PyPI, in its own virtual
+environment under /tmp, which this script creates when it is missing). Wall and CPU seconds and
+peak RSS of each; the analyzer's compiled passes are loaded from numba's cache, which a warm-up
+run on a small file fills first.
 """
 from __future__ import annotations
 
@@ -30,11 +32,17 @@ from mmscope import stages
 REPO = Path(__file__).resolve().parent.parent
 DDL = REPO / "tests" / "data" / "nsys-nvtx-min-schema.sql"
 PUSH_POP, MARK = 59, 34
-# The bare scan: SQLite alone, one row back.
-BARE_SQL = "SELECT count(*), sum(end-start) FROM NVTX_EVENTS"
-# The analyzer's columns of every row, as its reader asks DuckDB's scanner for them.
-SCAN_COLUMNS = ('start, "end", globalTid, textId, eventType, domainId, endGlobalTid, '
-                "text IS NOT NULL")
+# The floor's columns: those the nesting needs of each NVTX row (start, end, thread, text id),
+# and those the GPU projection needs of the CUPTI tables (each call's thread, start and
+# correlation; each op's start, end, correlation, process, name, device and stream).
+FLOOR = (("NVTX_EVENTS", 'start, "end", globalTid, textId'),)
+FLOOR_CUDA = FLOOR + (
+    ("CUPTI_ACTIVITY_KIND_RUNTIME", "globalTid, start, correlationId"),
+    ("CUPTI_ACTIVITY_KIND_KERNEL",
+     'start, "end", correlationId, globalPid, shortName, deviceId, streamId'),
+    ("CUPTI_ACTIVITY_KIND_MEMCPY",
+     'start, "end", correlationId, globalPid, copyKind, deviceId, streamId'))
+PARTS = 2
 
 # One worker step after its step_meta: (name, start offset, duration) in ns, all scaled per step.
 # The preprocess children are an encoder run (load, vit_forward, save) or a cache hit (load,
@@ -55,6 +63,7 @@ CUDA_CALLS = ("cudaLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync", "cudaStr
 STEP_PERIOD = 200_000
 FORWARD_BASE, FORWARD_PER_TOKEN = 20_000, 10
 WORKER_PIDS = (2001, 2002, 2003, 2004)
+NVTX_ONLY_PIDS = tuple(range(3001, 3009))
 
 
 def _step_rows(n_steps: int, rng: np.random.Generator):
@@ -124,11 +133,13 @@ def _gpu_work(base, enc, scale, starts, ends) -> dict:
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
-def generate(path: Path, rows: int, seed: int = 0) -> None:
-    """Write about `rows` NVTX rows in the new nsys schema (textId + StringIds, eventId)."""
+def generate(path: Path, rows: int, seed: int = 0, gpu: bool = True) -> None:
+    """Write about `rows` NVTX rows in the new nsys schema (textId + StringIds, eventId); with
+    `gpu`, the CUPTI tables of their GPU work (four worker processes), else NVTX only (eight)."""
     rng = np.random.default_rng(seed)
+    pids = WORKER_PIDS if gpu else NVTX_ONLY_PIDS
     n_steps = max(rows // ROWS_PER_STEP, 1)
-    start, end, name_idx, names, prefill, decode, gpu = _step_rows(n_steps, rng)
+    start, end, name_idx, names, prefill, decode, work = _step_rows(n_steps, rng)
     con = sqlite3.connect(path)
     con.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;" + DDL.read_text())
     shapes = sorted(set(zip(prefill.tolist(), decode.tolist())))
@@ -140,16 +151,16 @@ def generate(path: Path, rows: int, seed: int = 0) -> None:
     text_id = name_idx.copy()
     text_id[name_idx == 0] = [meta_id[sh] for sh in zip(prefill.tolist(), decode.tolist())]
     # Steps are dealt round-robin to the worker processes, each on its main thread (tid == pid).
-    pid = np.repeat(np.array(WORKER_PIDS, np.int64)[np.arange(n_steps) % len(WORKER_PIDS)],
-                    ROWS_PER_STEP)
+    pid = np.repeat(np.array(pids, np.int64)[np.arange(n_steps) % len(pids)], ROWS_PER_STEP)
     gtid = (1 << 48) | (pid << 24) | pid
     order = np.argsort(start, kind="stable")  # nsys writes rows roughly in time order
     cols = [start[order], end[order], gtid[order], text_id[order]]
     con.executemany(
         "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, textId, domainId) "
         f"VALUES (?, ?, {PUSH_POP}, ?, ?, 0)", zip(*(c.tolist() for c in cols)))
-    step_pid = np.array(WORKER_PIDS, np.int64)[np.arange(n_steps) % len(WORKER_PIDS)]
-    _write_gpu_work(con, gpu, step_pid, len(strings) + 1)
+    if gpu:
+        step_pid = np.array(pids, np.int64)[np.arange(n_steps) % len(pids)]
+        _write_gpu_work(con, work, step_pid, len(strings) + 1)
     con.commit()
     con.close()
 
@@ -190,13 +201,14 @@ MEMCPY_INSERT = (
     "copyKind, deviceId, contextId, streamId) VALUES (?, ?, ?, ?, 4096, 1, 0, 1, 14)")
 
 
-def cached_file(rows: int) -> Path:
-    path = Path(f"/tmp/mmscope-analyze-bench-v3-{rows}.sqlite")
+def cached_file(rows: int, gpu: bool = True) -> Path:
+    path = Path(f"/tmp/mmscope-analyze-bench-v3-{rows}.sqlite" if gpu else
+                f"/tmp/mmscope-analyze-bench-v4-{rows}-nvtx.sqlite")
     if not path.exists():
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
         t = time.perf_counter()
-        generate(tmp, rows)
+        generate(tmp, rows, gpu=gpu)
         os.replace(tmp, path)
         print(f"generated {path} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return path
@@ -209,36 +221,51 @@ HWM = ("def hwm():\n"
        "        if line.startswith('VmHWM:'):\n"
        "            return int(line.split()[1])\n")
 
-BARE_SCAN = HWM + f"""
-import sqlite3, sys, time
+# The floor through ADBC's SQLite driver: each table's rowid range split in PARTS, each part on
+# its own connection and thread, its Arrow stream taken in whole by polars.
+ADBC_FLOOR = HWM + """
+import json, sys, threading, time
+import adbc_driver_sqlite.dbapi as adbc, polars as pl
+path, tables, parts = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 t = time.perf_counter()
-n, total = sqlite3.connect(sys.argv[1]).execute({BARE_SQL!r}).fetchone()
-print(n, time.perf_counter() - t, hwm(), total)
+def frame(sql):
+    with adbc.connect(path) as con, con.cursor() as cur:
+        cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})
+        cur.execute(sql)
+        return pl.DataFrame(cur.fetch_arrow())
+rows = 0
+for table, cols in tables:
+    lo = frame(f"SELECT min(rowid) AS x FROM {table}").item() - 1
+    hi = frame(f"SELECT max(rowid) AS x FROM {table}").item()
+    cuts = [lo + (hi - lo) * k // parts for k in range(parts + 1)]
+    out = [None] * parts
+    def read(k):
+        out[k] = frame(f"SELECT {cols} FROM {table} "
+                       f"WHERE rowid > {cuts[k]} AND rowid <= {cuts[k + 1]}")
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(parts)]
+    for th in threads: th.start()
+    for th in threads: th.join()
+    rows += sum(f.height for f in out)
+print(rows, time.perf_counter() - t, hwm())
 """
 
-# DuckDB over its SQLite scanner, as the analyzer connects: count(*), then the analyzer's
-# columns aggregated inside DuckDB (every value read, no row handed to Python).
-DUCKDB_SCAN = HWM + f"""
-import sys, time
-from mmscope.analyze import sqlite_source
-con = sqlite_source.connect(sys.argv[1], WORKERS)
+# The same through connectorx (in the peer's environment): one query per rowid range.
+CX_FLOOR = HWM + """
+import json, sys, time
+import connectorx as cx
+path, tables, parts = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+import sqlite3
 t = time.perf_counter()
-if sys.argv[2] == "count":
-    n = con.execute("SELECT count(*) FROM db.NVTX_EVENTS").fetchone()[0]
-elif sys.argv[2] == "cupti":  # the analyzer's join of the CUPTI tables, every column counted
-    from mmscope.analyze import cupti
-    tables = {{r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}}
-    ops = " UNION ALL ".join(cupti.OP.format(name=cupti.OPS[t], table=t)
-                             for t in cupti.OPS if t in tables)
-    join = cupti.JOIN.format(ops=ops, runtime=cupti.RUNTIME, thread_bits=cupti.THREAD_BITS)
-    n = con.execute('SELECT count(*), count(thread), count(call_start), count(start), '
-                    'count("end"), count(name), count(stream) FROM (' + join
-                    + ')').fetchone()[0]
-else:
-    cols = {SCAN_COLUMNS!r}.split(", ")
-    n = con.execute("SELECT count(*), " + ", ".join(f"count({{c}})" for c in cols)
-                    + " FROM db.NVTX_EVENTS").fetchone()[0]
-print(n, time.perf_counter() - t, hwm(), 0)
+rows = 0
+for table, cols in tables:
+    lo, hi = sqlite3.connect(path).execute(
+        f"SELECT min(rowid) - 1, max(rowid) FROM {table}").fetchone()
+    cuts = [lo + (hi - lo) * k // parts for k in range(parts + 1)]
+    got = cx.read_sql("sqlite://" + path, [f"SELECT {cols} FROM {table} WHERE rowid > {cuts[k]} "
+                                           f"AND rowid <= {cuts[k + 1]}" for k in range(parts)],
+                      return_type="arrow")
+    rows += got.num_rows
+print(rows, time.perf_counter() - t, hwm())
 """
 
 # The command as users run it, in-process.
@@ -249,48 +276,8 @@ from mmscope import cli
 with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
     rc = cli.main(["analyze", sys.argv[1], "--json"] + sys.argv[2:])
 assert rc == 0
-print(rc, time.perf_counter() - t, hwm(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+print(rc, time.perf_counter() - t, hwm())
 """
-
-# The parts of the analysis, timed one by one, in a process set up as the command sets up its
-# own (memory settings, then imports).
-PHASES = HWM + """
-import json, os, resource, sys, time
-from mmscope.analyze import command
-command.prepare_process()
-from mmscope.analyze import (benefit, checks, cupti, device, frame, load, nsys, per_step,
-                             report, stats, steps, table as tbl)
-out, t = {}, [time.perf_counter()]
-def lap(name):
-    now = time.perf_counter()
-    out[name], t[0] = now - t[0], now
-def timed(module, attr, label):
-    inner = getattr(module, attr)
-    def wrapper(*args):
-        start = time.perf_counter()
-        try:
-            return inner(*args)
-        finally:
-            out[label] = time.perf_counter() - start
-    setattr(module, attr, wrapper)
-timed(nsys, "_read_events", "  of which DuckDB reads NVTX_EVENTS into numpy")
-timed(tbl, "nest_with_crossings", "  of which nesting")
-timed(cupti, "read", "  of which DuckDB joins the CUPTI tables into numpy")
-timed(device, "per_range", "  of which device time per range")
-table = load(sys.argv[1], workers=WORKERS); lap("load (read + table + nesting)")
-built = frame.build(table, WORKERS); lap("frame: tree nodes, self time, roles, device")
-by_node, by_stage = stats.aggregate(built.sql, table.device is not None)
-stats.flat(built, by_node, by_stage); stats.tree(built, by_node); lap("stage tree and table (SQL)")
-pairs = steps.step_join(built); step_table = steps.steps_of(built, pairs)
-steps.summary(built, pairs); lap("step join")
-checks.run_all(built, pairs); lap("checks")
-benefit.cache_benefit(built, step_table); per_step.per_step(built, step_table)
-report.profile_info(sys.argv[1], built); lap("cache benefit, per-step view, profile")
-out["rows"] = len(table)
-out["rss"] = hwm()
-print(json.dumps(out))
-"""
-
 
 CPU = {}  # the CPU seconds (user + system) of the last child run by _python, all its threads
 
@@ -309,61 +296,60 @@ def _python(code: str, *args: str, exe: str = sys.executable, env=None) -> tuple
     return wall, (done.stdout.strip().splitlines() or [""])[-1]
 
 
-def measure(path: Path, workers: int | None) -> dict:
-    extra = [] if workers is None else ["--workers", str(workers)]
-    wall, line = _python(BARE_SCAN, str(path))
-    n, inner, rss, total = line.split()
-    bare = {"wall": wall, "cpu": CPU["last"], "inner": float(inner), "rss": int(rss) / 1024,
-            "rows": int(n), "sum": int(total)}
-    scans = {}
-    for key in ("count", "columns", "cupti"):
-        wall, line = _python(DUCKDB_SCAN.replace("WORKERS", repr(workers)), str(path), key)
-        _, inner, rss, _ = line.split()
-        scans[key] = {"wall": wall, "cpu": CPU["last"], "inner": float(inner),
-                      "rss": int(rss) / 1024}
+def _case(wall: float, line: str) -> dict:
+    _, inner, rss = line.split()[:3]
+    return {"wall": wall, "cpu": CPU["last"], "inner": float(inner), "rss": int(rss) / 1024}
+
+
+def warm_up() -> None:
+    """numba compiles the analyzer's passes on their first use and caches them: a small file
+    first, so that the runs measured load them."""
+    small = Path("/tmp/mmscope-analyze-bench-warmup.sqlite")
+    if not small.exists():
+        generate(small, 20_000)
+    _python(ANALYZE_CLI, str(small), "--no-cache")
+
+
+def measure(path: Path, floor: tuple, cx_python: str | None) -> dict:
+    tables = json.dumps(floor)
+    out = {"adbc": _case(*_python(ADBC_FLOOR, str(path), tables, str(PARTS)))}
+    if cx_python:
+        try:
+            out["cx"] = _case(*_python(CX_FLOOR, str(path), tables, str(PARTS), exe=cx_python,
+                                       env=_peer_env()))
+        except RuntimeError as e:
+            print(f"connectorx floor: NOT RUN: {e}", file=sys.stderr)
     # Three runs against an analysis cache of their own, empty before the first: the first run
     # (computes, stores), the second (answers from the cache), and --no-cache (computes only).
     with tempfile.TemporaryDirectory(prefix="mmscope-bench-cache-") as home:
         env = {**os.environ, "XDG_CACHE_HOME": home}
-        runs = {}
-        for key, args in (("cli", extra), ("warm", extra), ("nocache", extra + ["--no-cache"])):
-            wall, line = _python(ANALYZE_CLI, str(path), *args, env=env)
-            _, inner, rss, child = line.split()
-            runs[key] = {"wall": wall, "cpu": CPU["last"], "inner": float(inner),
-                         "rss": int(rss) / 1024, "child_rss": int(child) / 1024}
-    _, line = _python(PHASES.replace("WORKERS", repr(workers)), str(path))
-    return {"bare": bare, "duckdb_count": scans["count"], "duckdb_columns": scans["columns"],
-            "duckdb_cupti": scans["cupti"], **runs, "phases": json.loads(line)}
+        for key, args in (("cli", []), ("warm", []), ("nocache", ["--no-cache"])):
+            out[key] = _case(*_python(ANALYZE_CLI, str(path), *args, env=env))
+    return out
 
 
-# --- the peer: nsys-ai's NVTX summary of the same file --------------------------------------
+# --- the peer: nsys-ai's NVTX summary of the same file, and the connectorx floor --------------
 # nsys-ai queries through DuckDB, whose SQLite reader (the sqlite_scanner extension) it would
 # download at run time; PyPI ships that extension as a wheel built for one DuckDB version, so the
 # peer environment pins that DuckDB and installs the extension from the wheel (no network needed).
 PEER_VENV = Path(os.environ.get("MMSCOPE_PEER_VENV", "/tmp/peer-venv"))
-PEER_PACKAGES = ("nsys-ai==0.3.0", "duckdb==1.5.5", "duckdb-extension-sqlite-scanner==1.5.5")
+PEER_PACKAGES = ("nsys-ai==0.3.0", "duckdb==1.5.5", "duckdb-extension-sqlite-scanner==1.5.5",
+                 "connectorx", "pyarrow")
 
 # Profile(...).aggregate_nvtx_ranges() is nsys-ai's NVTX summary (range count and total time per
-# name): what its `diff` and profile-health skill report for NVTX. Profile() opens the file the
-# way every nsys-ai command does: its Parquet cache (built beside the file on the first run), else
-# DuckDB straight over the SQLite file, else plain sqlite3.
+# name): what its `diff` and profile-health skill report for NVTX. In direct mode (no Parquet
+# cache) it opens the file with DuckDB straight over the SQLite file.
 PEER = HWM + """
 import json, sys, time
-from pathlib import Path
 t = time.perf_counter()
 from nsys_ai.profile import Profile
 prof = Profile(sys.argv[1])
 rows = prof.aggregate_nvtx_ranges()
 wall = time.perf_counter() - t
-cache = Path(sys.argv[1]).with_suffix(".nsys-cache")
-if prof.db is None:
-    engine = f"plain sqlite3 (DuckDB failed: {str(prof.cache_error).splitlines()[0][:80]})"
-elif cache.is_dir() and prof.cache_error is None:
-    engine = "DuckDB over its Parquet cache"
-else:
-    engine = "DuckDB over the SQLite file (sqlite_scanner)"
-print(json.dumps({"names": len(rows), "count": sum(r["count"] for r in rows), "inner": wall,
-                  "rss": hwm(), "engine": engine}))
+engine = ("plain sqlite3 (DuckDB failed)" if prof.db is None else
+          "DuckDB over the SQLite file (sqlite_scanner)")
+print(len(rows), wall, hwm(), json.dumps({"count": sum(r["count"] for r in rows),
+                                          "engine": engine}))
 """
 
 EXTENSION_SETUP = """
@@ -397,7 +383,8 @@ def ensure_peer() -> str | None:
         print(f"peer: creating {PEER_VENV} (python3 -m venv)", file=sys.stderr)
         if not _run_step(["python3", "-m", "venv", str(PEER_VENV)]):
             return None
-    if subprocess.run([str(python), "-c", "import nsys_ai, duckdb_extension_sqlite_scanner"],
+    if subprocess.run([str(python), "-c",
+                       "import nsys_ai, duckdb_extension_sqlite_scanner, connectorx"],
                       capture_output=True).returncode != 0:
         print(f"peer: installing {' '.join(PEER_PACKAGES)} into {PEER_VENV} from PyPI",
               file=sys.stderr)
@@ -430,154 +417,83 @@ def _drop_peer_cache(path: Path) -> None:
             p.unlink()
 
 
-def measure_peer(path: Path, python: str) -> list[dict]:
-    """Three runs: the first (nsys-ai builds its cache), the second (cache warm), and one with
-    NSYS_AI_CACHE_MODE=direct (DuckDB over the SQLite file, no cache), each in a fresh process."""
-    version = subprocess.run([python, "-c", "import nsys_ai; print(nsys_ai.__version__)"],
-                             capture_output=True, text=True).stdout.strip() or "?"
-    runs = [("first run", "builds its Parquet cache", {}, True),
-            ("second run", "its cache warm", {}, False),
-            ("direct mode", "NSYS_AI_CACHE_MODE=direct", {"NSYS_AI_CACHE_MODE": "direct"}, True)]
-    out = []
-    for key, note, env, fresh in runs:
-        if fresh:
-            _drop_peer_cache(path)
-        try:
-            wall, line = _python(PEER, str(path), exe=python, env={**_peer_env(), **env})
-        except RuntimeError as e:
-            print(f"peer: nsys-ai {version} FAILED on {path.name} ({key}, {note}): {e}")
-            continue
-        got = json.loads(line)
-        out.append({**got, "key": key, "label": f"nsys-ai {version}, {key} ({note})",
-                    "wall": wall, "cpu": CPU["last"], "rss": got["rss"] / 1024})
+def measure_peer(path: Path, python: str) -> dict | None:
+    """nsys-ai in direct mode (NSYS_AI_CACHE_MODE=direct: DuckDB over the SQLite file, no
+    cache), in a fresh process."""
     _drop_peer_cache(path)
-    return out
+    try:
+        wall, line = _python(PEER, str(path), exe=python,
+                             env={**_peer_env(), "NSYS_AI_CACHE_MODE": "direct"})
+    except RuntimeError as e:
+        print(f"peer: nsys-ai FAILED on {path.name} (direct mode): {e}")
+        return None
+    finally:
+        _drop_peer_cache(path)
+    case = _case(wall, line)
+    case.update(json.loads(line.split(maxsplit=3)[3]))
+    return case
 
 
-def report(path: Path, m: dict, workers) -> None:
-    bare, cli, ph = m["bare"], m["cli"], m["phases"]
-    ratio = cli["wall"] / bare["wall"]
-    total_rss = cli["rss"] + cli["child_rss"]
-    print(f"file: {path} ({path.stat().st_size / 2**20:.0f} MiB, {bare['rows']:,} NVTX rows, "
-          f"{ph['rows']:,} ranges); cores: {len(os.sched_getaffinity(0))}; workers: "
-          f"{'default' if workers is None else workers}")
-    print(f"load average (1/5/15 min): before {m['load_before']}, after {m['load_after']}")
-    if m.get("rounds", 1) > 1:
-        print(f"{m['rounds']} rounds, each case once per round: medians (peak RSS: largest)")
-    print(f"{'case':<62}{'wall s':>8}{'CPU s':>7}{'peak RSS MiB':>14}{'x bare':>8}")
+def report(label: str, path: Path, m: dict) -> list[str]:
+    """The table of one file, and its verdicts."""
+    print(f"\n{label}: {path} ({path.stat().st_size / 2**20:.0f} MiB)")
+    print(f"{'case':<64}{'wall s':>8}{'CPU s':>7}{'peak RSS MiB':>14}{'x floor':>9}")
+    floor = m["adbc"]["wall"]
 
-    def line(label, wall, cpu=None, rss="", ratio_=None):
-        cpu = f"{cpu:.2f}" if cpu is not None else ""
-        rss = f"{rss:.0f}" if isinstance(rss, float) else rss
-        r = f"{ratio_:.2f}" if ratio_ is not None else ""
-        print(f"{label:<62}{wall:>8.2f}{cpu:>7}{rss:>14}{r:>8}".rstrip())
+    def line(name, case):
+        print(f"{name:<64}{case['wall']:>8.2f}{case['cpu']:>7.2f}{case['rss']:>14.0f}"
+              f"{case['wall'] / floor:>9.2f}")
 
-    line(f"bare scan, SQLite alone: {BARE_SQL}", bare["wall"], bare["cpu"], bare["rss"], 1.0)
-    for key, label in (("duckdb_count", "floor: DuckDB count(*) over its SQLite scanner"),
-                       ("duckdb_columns", "floor: DuckDB reads the analyzer's 8 columns, none "
-                                          "to Python"),
-                       ("duckdb_cupti", "floor: DuckDB joins the CUPTI tables' 6 columns, none "
-                                        "to Python")):
-        scan = m[key]
-        line(label, scan["wall"], scan["cpu"], scan["rss"], scan["wall"] / bare["wall"])
-    line("mmscope analyze --json, first run (fills its cache)", cli["wall"], cli["cpu"],
-         cli["rss"], ratio)
-    warm, nocache = m["warm"], m["nocache"]
-    line("mmscope analyze --json, second run (its cache warm)", warm["wall"], warm["cpu"],
-         warm["rss"], warm["wall"] / bare["wall"])
-    line("mmscope analyze --json --no-cache", nocache["wall"], nocache["cpu"], nocache["rss"],
-         nocache["wall"] / bare["wall"])
-    for k in ("load (read + table + nesting)", "  of which DuckDB reads NVTX_EVENTS into numpy",
-              "  of which DuckDB joins the CUPTI tables into numpy", "  of which nesting",
-              "frame: tree nodes, self time, roles, device", "  of which device time per range",
-              "stage tree and table (SQL)", "step join", "checks",
-              "cache benefit, per-step view, profile"):
-        line("  phase: " + k, ph[k])
-    print(f"{'  phases, one process (peak RSS)':<62}{'':>15}{ph['rss'] / 1024:>14.0f}")
-    for p in m["peer"]:
-        line("peer " + p["label"], p["wall"], p["cpu"], p["rss"], p["wall"] / bare["wall"])
-    for p in m["peer"]:
-        print(f"  peer {p['key']}: {p['engine']}; {p['names']} names, {p['count']:,} ranges "
-              "with end > start")
-    floor = m["duckdb_columns"]["wall"] + m["duckdb_cupti"]["wall"]
-    verdict = [f"first run <= 2x the read floor ({floor:.2f} s): {cli['wall'] / floor:.2f}x "
-               f"{'ok' if cli['wall'] <= 2 * floor else 'MISSED'}",
-               f"repeated run <= 0.2 s: {warm['wall']:.2f} s "
-               f"{'ok' if warm['wall'] <= 0.2 else 'MISSED'}",
-               f"<= 1 GiB: {total_rss:.0f} MiB {'ok' if total_rss <= 1024 else 'MISSED'}"]
-    # Like for like: first against first, warm against warm, no cache against direct mode.
-    ours = {"first run": ("first run", cli), "second run": ("second run", warm),
-            "direct mode": ("--no-cache", nocache)}
-    for p in m["peer"]:
-        label, mine = ours[p["key"]]
-        faster = mine["wall"] < p["wall"]
-        verdict.append(f"our {label} faster than peer {p['key']}: "
-                       f"{p['wall'] / mine['wall']:.2f}x {'ok' if faster else 'MISSED'}")
-    if not m["peer"]:
-        verdict.append(f"faster than the peer: not measured ({m['peer_note']})")
-    print("targets: " + "; ".join(verdict))
-
-def median_of(rounds: list[dict]) -> dict:
-    """One round's shape with each number the median of the rounds' (peak RSS: the largest).
-    The peer's runs are matched by key; a run that failed in some round counts where it ran."""
-    import statistics
-
-    def merge(items: list):
-        first = items[0]
-        if isinstance(first, dict):
-            return {k: merge([it[k] for it in items if k in it]) for k in first}
-        if isinstance(first, int) and not isinstance(first, bool):
-            return statistics.median_low(items)  # counts: the same every round
-        if isinstance(first, float):
-            return statistics.median(items)
-        return first
-
-    out = merge([{k: v for k, v in r.items() if k != "peer"} for r in rounds])
-    for key in ("rss", "child_rss"):
-        for case in ("bare", "duckdb_count", "duckdb_columns", "duckdb_cupti", "cli", "warm",
-                     "nocache", "phases"):
-            values = [r[case][key] for r in rounds if key in r.get(case, {})]
-            if values:
-                out[case][key] = max(values)
-    peers: dict[str, list] = {}
-    for r in rounds:
-        for p in r["peer"]:
-            peers.setdefault(p["key"], []).append(p)
-    out["peer"] = []
-    for runs in peers.values():
-        merged = merge(runs)
-        merged["rss"] = max(p["rss"] for p in runs)
-        out["peer"].append(merged)
-    return out
-
-
-def _load_average() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    line("floor: the columns into Arrow, ADBC's SQLite driver, 2 ranges at once", m["adbc"])
+    if "cx" in m:
+        line("floor: the same through connectorx, 2 ranges at once", m["cx"])
+    line("mmscope analyze --json, first run (fills its cache)", m["cli"])
+    line("mmscope analyze --json, second run (its cache warm)", m["warm"])
+    line("mmscope analyze --json --no-cache", m["nocache"])
+    if m.get("peer"):
+        line(f"nsys-ai 0.3.0 direct mode (NVTX per-name totals; {m['peer']['engine']})",
+             m["peer"])
+    first, rss = m["cli"]["wall"], max(m["cli"]["rss"], m["nocache"]["rss"])
+    floors = [m[k]["wall"] for k in ("adbc", "cx") if k in m]
+    cpu_floor = min(m[k]["cpu"] for k in ("adbc", "cx") if k in m)
+    # CPU seconds as well: another process taking a core stretches wall time, not CPU time.
+    verdict = [f"first run <= 2x the floor ({min(floors):.2f} s): {first / min(floors):.2f}x "
+               f"{'ok' if first <= 2 * min(floors) else 'MISSED'} (CPU: "
+               f"{m['cli']['cpu'] / cpu_floor:.2f}x the floor's {cpu_floor:.2f} s)",
+               f"repeated run <= 0.2 s: {m['warm']['wall']:.2f} s "
+               f"{'ok' if m['warm']['wall'] <= 0.2 else 'MISSED'}",
+               f"peak <= 1 GiB: {rss:.0f} MiB {'ok' if rss <= 1024 else 'MISSED'}"]
+    if m.get("peer"):
+        verdict.append(f"first run against nsys-ai direct: {m['peer']['wall'] / first:.2f}x its "
+                       "speed")
+    print(f"{label} targets: " + "; ".join(verdict))
+    return verdict
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--workers", type=int, help="DuckDB threads (default: one per core)")
-    ap.add_argument("--no-peer", action="store_true", help="skip the peer tool")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="rounds of every case; the table shows each figure's median over them "
-                    "(peak RSS: the largest)")
+    ap.add_argument("--no-peer", action="store_true",
+                    help="skip the peer tool and the connectorx floor (its environment)")
+    ap.add_argument("--only", choices=("nvtx", "cuda"), help="one of the two files")
     args = ap.parse_args()
-    path = cached_file(args.rows)
+    files = [("nvtx", "NVTX only", False, FLOOR), ("cuda", "NVTX + CUDA trace", True, FLOOR_CUDA)]
+    files = [f for f in files if args.only in (None, f[0])]
+    paths = {key: cached_file(args.rows, gpu) for key, _, gpu, _ in files}
     python = None if args.no_peer else ensure_peer()
-    load_before = _load_average()
-    rounds = []
-    for _ in range(max(args.repeat, 1)):  # every case once per round, rounds one after another
-        m = measure(path, args.workers)
-        m["peer"] = measure_peer(path, python) if python else []
-        rounds.append(m)
-    m = median_of(rounds)
-    m["rounds"] = len(rounds)
-    m["peer_note"] = "--no-peer" if args.no_peer else "the peer did not run, see above"
-    m["load_before"], m["load_after"] = load_before, _load_average()
-    report(path, m, args.workers)
+    warm_up()
+    print(f"cores: {len(os.sched_getaffinity(0))}; load average (1/5/15 min) before: "
+          f"{_load_average()}")
+    for key, label, _, floor in files:
+        m = measure(paths[key], floor, python)
+        m["peer"] = measure_peer(paths[key], python) if python else None
+        report(label, paths[key], m)
+    print(f"load average after: {_load_average()}")
     return 0
+
+
+def _load_average() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

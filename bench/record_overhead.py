@@ -55,10 +55,10 @@ print(json.dumps({"seconds": time.perf_counter() - t, "cpu_seconds": time.proces
 # Rows shaped like the recording's: half plain messages in `text`, half registered in `textId`.
 SQLITE_FLOOR = r"""
 import json, sqlite3, sys, time
-from mmscope.record import schema
+from mmscope.record import schema, writer
 n, path = int(sys.argv[1]), sys.argv[2]
 con = sqlite3.connect(path, isolation_level=None)
-for pragma in ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE", "cache_size=-262144"):
+for pragma in writer.PRAGMAS:  # the writer's own settings: like for like
     con.execute("PRAGMA " + pragma)
 con.execute(schema.NVTX_EVENTS)
 t, c = time.perf_counter(), time.process_time()

@@ -405,7 +405,7 @@ def annotation_device_ns(events: list[dict]) -> dict[str, int]:
 # --- afterwards, where the analyzer runs ---------------------------------------------------------
 def mmscope_analyze(path: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "mmscope.cli", "analyze", "--json", "--no-cache",
-                           path], capture_output=True, text=True, timeout=600)
+                           "--raw-names", path], capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"mmscope analyze {os.path.basename(path)}: {done.stderr.strip()}")
     return json.loads(done.stdout)

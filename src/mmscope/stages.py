@@ -44,6 +44,9 @@ GATHER_MM_EMBEDDINGS = "gpu_model_runner: gather_mm_embeddings"
 EMBED_INPUT_IDS = "gpu_model_runner: embed_input_ids"
 PREPARE_MM_INPUTS = "gpu_model_runner: prepare_mm_inputs"
 STEP_META_PREFIX = "step_meta: "
+# Every step_meta range has its own name (it carries the step's shape): the analyzer's one stage
+# for them all.
+STEP_META_STAGE = STEP_META_PREFIX.rstrip(": ")
 
 # The disjoint children of `preprocess` (docs/design.md §3).
 PREPROCESS_SIBLINGS = (EC_LOAD, VIT_FORWARD, EC_SAVE, GATHER_MM_EMBEDDINGS, EMBED_INPUT_IDS,
@@ -104,8 +107,9 @@ def step_meta_range(shape: StepShape) -> str:
     return STEP_META_FORMAT % (shape.prefill, shape.decode, shape.total, shape.reqs)
 
 
-_STEP_META_RE = re.compile(
-    r"^step_meta: prefill=(\d+) decode=(\d+) total=(\d+) reqs=(\d+)$")
+# Its parse, also as a pattern for other regex engines (the analyzer parses many names at once).
+STEP_META_PATTERN = r"^step_meta: prefill=(\d+) decode=(\d+) total=(\d+) reqs=(\d+)$"
+_STEP_META_RE = re.compile(STEP_META_PATTERN)
 
 
 def parse_step_meta(name: str) -> StepShape | None:

@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mmscope import stages
 from mmscope.demo.serve import VllmServer
-from mmscope.load.epd import primer_requests
+from mmscope.load.client import json_text
+from mmscope.load.epd import primers
 from mmscope.demo.tiny_llava import IMAGE_TOKENS
 from tests.engine.test_cache_layers import agree_with_the_counters, reading, saved, ways
 from tests.engine.test_cache_layers import settled as settled_ways
@@ -89,7 +90,9 @@ def body(model: str, image: int, text: str) -> dict:
 def route(pair, request: dict, headers: dict | None = None) -> dict:
     """The proxy's path: each image alone to the encoder instance (one token), then the request
     to the PD instance; `headers` on both legs."""
-    for primer in primer_requests(request):
+    images = [json_text(p["image_url"]["url"]) for p in request["messages"][0]["content"]
+              if p["type"] == "image_url"]
+    for primer in map(json.loads, primers(request["model"], images)):
         assert [p["type"] for p in primer["messages"][0]["content"]] == ["image_url"]
         assert primer["max_tokens"] == 1
         httpx.post(f"{pair['producer'].url}/v1/chat/completions", json=primer, headers=headers,
@@ -269,7 +272,7 @@ def test_mmscope_load_verifies_a_reuse_sweep_through_the_pair(pair):
         capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     out = json.loads(done.stdout)
-    assert out["ok"] is True and out["url"] == f"{producer.url} -> {consumer.url}"
+    assert out["ok"] is True and out["urls"] == [f"{producer.url} -> {consumer.url}"]
     assert [lv["planned_hits"] for lv in out["levels"]] == [0, 3]
     for level in out["levels"]:
         # The producer follows the plan as a single server does.

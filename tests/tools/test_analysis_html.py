@@ -18,7 +18,7 @@ from html.parser import HTMLParser
 import pytest
 
 from mmscope import stages
-from mmscope.analyze.report import fmt_ns
+from mmscope.analyze.report.text import fmt_ns
 from tests.kit import nsys as F
 
 VIT = stages.VIT_FORWARD

@@ -14,7 +14,7 @@ import pytest
 
 from tests.kit import nsys as F
 from mmscope import cli, stages
-from mmscope.analyze import cache, command
+from mmscope.analyze.commands import cache, analyze as command
 
 
 @pytest.fixture(autouse=True)

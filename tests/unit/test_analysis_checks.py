@@ -6,7 +6,8 @@ import pytest
 
 from tests.kit import nsys as F
 from mmscope import stages
-from mmscope.analyze import checks, frame, nsys, steps
+from mmscope.analyze.ranges import checks, frame, steps
+from mmscope.analyze.readers import nsys
 
 
 def run_checks(path) -> dict[str, dict]:

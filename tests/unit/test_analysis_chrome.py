@@ -9,7 +9,8 @@ import pytest
 
 from tests.kit import nsys as F
 from mmscope import stages
-from mmscope.analyze import chrome, load, nsys
+from mmscope.analyze.readers import chrome, nsys
+from mmscope.analyze import load
 from mmscope.errors import UserError
 
 META = stages.step_meta_range(stages.StepShape(2, 1, 3, 2))
@@ -161,7 +162,7 @@ def test_json_that_is_not_a_trace(tmp_path, doc):
 
 def test_a_folder_of_per_process_traces_is_one_profile(tmp_path):
     """mmscope's chrome backend writes one file per process; the folder analyses as one run."""
-    from mmscope.analyze.formats import load_profile
+    from mmscope.analyze.readers.formats import load_profile
 
     for pid, name in ((101, stages.PREPROCESS), (202, stages.FORWARD)):
         (tmp_path / f"mmscope-{pid}.trace.json").write_text(json.dumps(
@@ -203,7 +204,7 @@ def test_clock_of_each_kind_of_file(tmp_path):
 
 
 def test_torch_traces_of_several_ranks_align_on_their_base_times(tmp_path):
-    from mmscope.analyze.formats import load_profile
+    from mmscope.analyze.readers.formats import load_profile
 
     base = 1_700_000_000_000_000_000
     torch_trace(tmp_path / "rank0.json", base, 100, [(stages.FORWARD, 1_000, 5_000)])
@@ -219,7 +220,7 @@ def test_a_torch_trace_beside_mmscope_traces_is_refused(tmp_path):
     import subprocess
     import sys
 
-    from mmscope.analyze.formats import load_profile
+    from mmscope.analyze.readers.formats import load_profile
     from mmscope.emit.chrome import ChromeTraceWriter
 
     torch_trace(tmp_path / "torch.json", 1_700_000_000_000_000_000, 9,

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmscope.analyze import device, load
-from mmscope.analyze.report import analyze
+from mmscope.analyze.ranges import device
+from mmscope.analyze import load
+from mmscope.analyze.report.analysis import analyze
 from tests.kit import nsys as F
 
 TORCH = Path(__file__).parent.parent / "data" / "torch"
@@ -125,7 +126,7 @@ def test_every_check_passes_and_each_annotation_is_one_range(path):
     evs = events(path)
     annotations = [e for e in evs if e.get("cat") == "user_annotation" and e["ph"] == "X"]
     table = load(str(path))
-    analysis = analyze(str(path), table)
+    analysis = analyze(str(path), table, raw_names=True)  # one stage per annotation name
     assert [c for c in analysis.checks if not c["ok"]] == []
     assert len(table) == len(annotations)  # no operator, kernel or device span became a range
     counts = {}
@@ -211,7 +212,7 @@ def test_terminal_and_csv_show_device_beside_host_time(projected, tmp_path):
 
     from rich.console import Console
 
-    from mmscope.analyze.report import print_terminal, write_csv
+    from mmscope.analyze.report.terminal import print_terminal, write_csv
 
     _, _, analysis = projected
     out = io.StringIO()

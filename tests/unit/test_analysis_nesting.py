@@ -11,8 +11,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmscope.analyze import chrome, nsys
-from mmscope.analyze.table import nest_with_crossings
+from mmscope.analyze.readers import chrome, nsys
+from mmscope.analyze.ranges.table import nest_with_crossings
 from tests.kit import nsys as F
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.kit import nsys as F
 from mmscope import stages
-from mmscope.analyze import nsys
+from mmscope.analyze.readers import nsys
 from mmscope.errors import UserError
 
 

@@ -13,7 +13,8 @@ from rich.console import Console
 
 from mmscope import stages
 from mmscope.analyze import load
-from mmscope.analyze.report import analyze, print_terminal
+from mmscope.analyze.report.analysis import analyze
+from mmscope.analyze.report.terminal import print_terminal
 from tests.kit import nsys as F
 
 W = F.WORKER_PID

@@ -18,8 +18,8 @@ import sys
 import pytest
 
 from mmscope import cli, stages
-from mmscope.analyze import nsys
-from mmscope.analyze.stats import stage_stats
+from mmscope.analyze.readers import nsys
+from mmscope.analyze.report.analysis import stage_stats
 from tests.kit import nsys as F
 
 LONG_NAMES = {"n1200": "a" * 1200, "n5000": "é" * 5000, "n100k": "z" * 100_000}
@@ -156,15 +156,3 @@ def test_a_commit_in_the_wal_is_seen_by_the_next_analysis(tmp_path, monkeypatch)
         assert listing(tmp_path)[path.name] == before[path.name]
     finally:
         writer.close()
-
-
-
-def test_no_duckdb_connection_draws_a_progress_bar(tmp_path):
-    # DuckDB draws it on stdout (the --json answer) for long queries when Python looks interactive,
-    # as under `python -c` (a __main__ without __file__).
-    path = F.pipeline_file(tmp_path / "p.sqlite")
-    code = ("from mmscope.analyze import sqlite_source, sql\n"
-            f"for c in (sqlite_source.connect({str(path)!r}), sql.Sql().con):\n"
-            "    print(c.execute(\"SELECT current_setting('enable_progress_bar')\").fetchone()[0])")
-    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert shown.stdout.split() == ["False", "False"]

@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 
 from tests.kit import nsys as F
 from mmscope import stages
-from mmscope.analyze import benefit, frame, nsys, stats, steps
-from mmscope.analyze.table import build
+from mmscope.analyze.ranges import benefit, figures, frame, stats, steps
+from mmscope.analyze.readers import nsys
+from mmscope.analyze.ranges.table import build
+from mmscope.analyze.report.analysis import stage_stats
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +22,7 @@ def table(tmp_path_factory):
 
 @pytest.fixture
 def built(table):
-    f = frame.build(table)
-    yield f
-    f.close()
+    return frame.build(table)
 
 
 def by_name(rows):
@@ -30,7 +30,7 @@ def by_name(rows):
 
 
 def test_stage_stats_exact(table):
-    s = by_name(stats.stage_stats(table))
+    s = by_name(stage_stats(table))
     pre = s[stages.PREPROCESS]
     assert {k: pre[k] for k in ("count", "total_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns",
                                 "min_ns", "max_ns")} == {
@@ -51,7 +51,7 @@ def test_stage_stats_exact(table):
     load = s[stages.EC_LOAD]
     assert load["share_of_parent"] == pytest.approx(150 / 2500, abs=1e-6)
     assert s[stages.FORWARD]["total_ns"] == 2500
-    meta = s[stats.STEP_META_STAGE]
+    meta = s[stages.STEP_META_STAGE]
     assert (meta["count"], meta["total_ns"]) == (3, 0)
     assert s["cache_probe"]["parent"] == stages.EC_SAVE
     assert s[stages.POSTPROCESS]["total_ns"] == 500  # unclosed: ends at the last timestamp
@@ -62,13 +62,13 @@ def test_nearest_rank_percentiles(tmp_path):
     with F.NsysFile(path) as f:
         for i in range(1, 11):  # durations 10, 20, ..., 100
             f.range(stages.VIT_FORWARD, 1000 * i, 1000 * i + 10 * i)
-    r = stats.stage_stats(nsys.load(str(path)))[0]
+    r = stage_stats(nsys.load(str(path)))[0]
     assert (r["count"], r["total_ns"], r["mean_ns"], r["p50_ns"], r["p90_ns"], r["p99_ns"],
             r["max_ns"]) == (10, 550, 55, 50, 90, 100, 100)
 
 
 def test_filter_keeps_matching_stages(table):
-    names = [r["name"] for r in stats.stage_stats(table, name_filter="^ec_connector")]
+    names = [r["name"] for r in stage_stats(table, name_filter="^ec_connector")]
     assert sorted(names) == [stages.EC_LOAD, stages.EC_SAVE]
 
 
@@ -134,7 +134,7 @@ def test_percentiles_are_nearest_rank(durations):
     table = build(raw_names=["x"], name_id=[0] * len(durations), start=start,
                   end=[s + d for s, d in zip(start, durations)], kind=[0] * len(durations),
                   thread=[1] * len(durations))
-    (row,) = stats.stage_stats(table)
+    (row,) = stage_stats(table)
     ordered = sorted(durations)
-    for p in stats.PERCENTILES:
+    for p in figures.PERCENTILES:
         assert row[f"p{p}_ns"] == ordered[max(math.ceil(p * len(ordered) / 100), 1) - 1]

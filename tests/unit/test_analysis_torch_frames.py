@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from mmscope.analyze import checks, load
+from mmscope.analyze.ranges import checks
+from mmscope.analyze import load
 
 # One process: a range through a wrapper (as mmscope's stage timer opens one), vLLM's plain
 # `with record_function(...)`, a range inside a range, and, with `crossed`, two ranges closed

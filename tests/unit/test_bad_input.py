@@ -23,7 +23,9 @@ PIPE_CLOSED_EXIT = 128 + signal.SIGPIPE
 # file, {tmp} a fresh folder, {profile} an nsys SQLite profile, {log} an access log, {port} a
 # loopback port nothing listens on; {corrupt} the profile with 200 bytes of its schema page
 # flipped, {badtext} the profile with a range name that is no UTF-8, {nonvtx} a profile whose
-# NVTX table holds no row, {othermetrics} a /metrics page without mmscope's series.
+# NVTX table holds no row, {othermetrics} a /metrics page without mmscope's series; loopback
+# servers: {junkport} answers 200 OK with 200 random bytes, {noiseport} sends 220 random bytes
+# and no HTTP at all, {silentport} accepts and never answers.
 ROWS = [
     # demo
     ("demo --out {file}/demo", "{file}"),
@@ -38,6 +40,12 @@ ROWS = [
     # doctor
     ("doctor --bogus", "unrecognized arguments"),
     ("doctor extra", "unrecognized arguments"),
+    ("doctor --url not-a-url", "--url must start with http:// or https://"),
+    ("doctor --url ftp://127.0.0.1/metrics", "--url must start with http:// or https://"),
+    ("doctor --url http://127.0.0.1:{junkport}", "200 characters of binary data"),
+    ("doctor --url http://127.0.0.1:{noiseport}", "cannot read http://127.0.0.1:{noiseport}"),
+    ("doctor --url http://127.0.0.1:{silentport} --timeout 1", "no answer within 1 s"),
+    ("doctor --url http://h --timeout 0", "--timeout"),
     # analyze
     ("analyze {tmp}/missing.sqlite", "no such file"),
     ("analyze --workers 0 {profile}", "--workers"),
@@ -53,6 +61,15 @@ ROWS = [
     ("analyze --json {badtext}", "not a readable SQLite database"),
     ("analyze {nonvtx}", "no NVTX ranges or marks"),
     ("analyze --metrics {tmp}/missing.txt {profile}", "no such file"),
+    ("analyze --metrics {tmp} {profile}", "is a directory, not a /metrics page"),
+    ("analyze --metrics ftp://127.0.0.1/metrics {profile}", "only http:// and https:// URLs"),
+    ("analyze --metrics http://127.0.0.1:{junkport}/metrics {profile}",
+     "200 characters of binary data"),
+    ("analyze --metrics http://127.0.0.1:{noiseport}/metrics {profile}",
+     "cannot read http://127.0.0.1:{noiseport}/metrics"),
+    ("analyze --metrics http://127.0.0.1:{silentport}/metrics --timeout 1 {profile}",
+     "no answer within 1 s"),
+    ("analyze --timeout nan {profile}", "--timeout"),
     ("analyze --metrics {file} {profile}", "not a Prometheus /metrics page"),
     ("analyze --metrics {othermetrics} {profile}", "no vllm:encoder_cache_queries_total series"),
     ("analyze --metrics http://127.0.0.1:{port}/metrics {profile}",
@@ -75,7 +92,7 @@ ROWS = [
      "--spool-dir {tmp}/missing/spool: folder does not exist"),
     ("record --spool-dir {file} -o {tmp}/r.sqlite -- true", "is not a folder"),
     # load: URLs that name no server, numbers out of range, an unreachable server, a bad plot path
-    ("load --url http://127.0.0.1:99999", "port 99999 is out of range (1-65535)"),
+    ("load --url http://127.0.0.1:99999", "is not a URL: Port out of range 0-65535"),
     ("load --url http://127.0.0.1:0", "port 0 is out of range"),
     ("load --url http://[::1", "is not a URL"),
     ("load --url 'http://127.0.0.1:9 x'", "contains a space"),
@@ -93,7 +110,7 @@ ROWS = [
     ("load --url http://h --images-per-request 0", "must be at least 1"),
     ("load --url http://h --images-per-request 257", "must be at most 256"),
     ("load --url http://h --concurrency 0", "must be at least 1"),
-    ("load --url http://h --concurrency 1025", "must be at most 1024"),
+    ("load --url http://h --concurrency 10001", "must be at most 10000"),
     ("load --url http://h --image-size 0x10", "image sides must lie in 1..4096"),
     ("load --url http://h --image-size 32", "expected WIDTHxHEIGHT"),
     ("load --url http://h --seed -1", "must be at least 0"),
@@ -121,13 +138,26 @@ ROWS = [
     ("load --url http://h --plot /proc/sweep.png", "cannot create a file in /proc"),
     ("load --url http://h --plot {tmp}", "is a directory"),
     ("load --url http://h --plot {tmp}/sweep.bmpx", "must end in one of .png, .svg, .pdf"),
+    # load over a fleet: URLs, shards, Prometheus and its matcher
+    ("load --url http://h --url http://h/v1", "--url http://h is given twice"),
+    ("load --url http://h --url http://g --encoder-url http://e", "pairs with one --url"),
+    ("load --url http://h --shard 3/2", "K/N needs 1 <= K <= N"),
+    ("load --url http://h --shard 0/2", "K/N needs 1 <= K <= N"),
+    ("load --url http://h --shard 1:2", "expected K/N"),
+    ("load --url http://h --shard 1/2", "--shard needs --seed"),
+    ("load --url http://h --prometheus-match '{{job=\"v\"}}'", "needs --prometheus"),
+    ("load --url http://h --prometheus http://p --prometheus-match job=v",
+     "a label matcher in braces"),
+    ("load --url http://h --prometheus p:9090", "--prometheus must start with http://"),
+    ("load --url http://h --prometheus http://127.0.0.1:{port}",
+     "cannot reach Prometheus at http://127.0.0.1:{port}"),
     # cache-size
     ("cache-size {tmp}/missing.log", "no such file"),
     ("cache-size {tmp}", "is a directory"),
     ("cache-size {file}", "not an encoder-cache access log"),
-    ("cache-size {log} --target-hit-rate 1.5", "not a hit rate between 0 and 1"),
-    ("cache-size {log} --target-hit-rate 0", "not a hit rate between 0 and 1"),
-    ("cache-size {log} --target-hit-rate nan", "not a hit rate between 0 and 1"),
+    ("cache-size {log} --target-hit-rate 1.5", "a target hit rate is above 0 and at most 1"),
+    ("cache-size {log} --target-hit-rate 0", "a target hit rate is above 0 and at most 1"),
+    ("cache-size {log} --target-hit-rate nan", "a target hit rate is above 0 and at most 1"),
     ("cache-size {log} --target-hit-rate x", "--target-hit-rate"),
     ("cache-size {log} --hidden-size 0", "not a width between 1 and 1048576"),
     ("cache-size {log} --hidden-size 1048577", "not a width between 1 and 1048576"),
@@ -170,7 +200,47 @@ def places(tmp_path_factory) -> dict[str, str]:
     other = base / "other-metrics.txt"
     other.write_text("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n")
     return {"file": str(plain), "log": str(log), "profile": profile, "port": str(free_port()),
-            "othermetrics": str(other), **damaged_profiles(base, profile)}
+            "othermetrics": str(other), **damaged_profiles(base, profile), **servers()}
+
+
+def servers() -> dict[str, str]:
+    """Loopback servers that answer badly, each in daemon threads of this process."""
+    import random
+    import threading
+    import time
+
+    noise = bytes(random.Random(0).randrange(256) for _ in range(220))
+    page = noise[:200]
+
+    def junk(conn):
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
+                     + str(len(page)).encode() + b"\r\n\r\n" + page)
+        conn.close()
+
+    def noisy(conn):
+        conn.recv(65536)
+        conn.sendall(noise)
+        conn.close()
+
+    def silent(conn):
+        time.sleep(120)
+        conn.close()
+
+    def serve(handle) -> str:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+
+        def accept():
+            while True:
+                conn, _ = sock.accept()
+                threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        return str(sock.getsockname()[1])
+
+    return {"junkport": serve(junk), "noiseport": serve(noisy), "silentport": serve(silent)}
 
 
 def damaged_profiles(base, profile: str) -> dict[str, str]:
@@ -207,6 +277,7 @@ def assert_one_line_error(done: subprocess.CompletedProcess, fragment: str) -> N
     else:
         assert len(lines) == 1 and lines[0].startswith("mmscope: error: "), err
     assert fragment in lines[-1], lines[-1]
+    assert lines[-1].isprintable(), lines[-1]  # nothing a server sent is echoed raw
     assert done.stdout == ""
 
 

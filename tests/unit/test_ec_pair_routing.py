@@ -2,12 +2,14 @@
 verdict on the PD instance's counts, one-line errors for bad URLs (the servers: test_epd.py)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from mmscope.load.epd import PD, primer_requests, with_pd
+from mmscope.load.client import json_text
+from mmscope.load.epd import PD, primers, with_pd
 from mmscope.load.verdict import MATCH, UNEXPLAINED, Verdict
 from tests.kit.cli import one_line_error
 
@@ -17,15 +19,11 @@ def image(url: str) -> dict:
 
 
 def test_one_primer_per_image_with_the_text_removed_and_one_token():
-    body = {"model": "m", "max_tokens": 64, "stream": True, "temperature": 0.0, "messages": [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "Compare"}, image("a"), image("b")]}]}
-    primers = primer_requests(body)
-    assert [p["messages"] for p in primers] == [[{"role": "user", "content": [image(u)]}]
-                                                for u in ("a", "b")]
-    assert all(p["max_tokens"] == 1 and p["model"] == "m" and p["stream"] for p in primers)
-    assert body["max_tokens"] == 64 and len(body["messages"][1]["content"]) == 3  # untouched
-    assert primer_requests({"model": "m", "messages": [{"role": "user", "content": "hi"}]}) == []
+    sent = [json.loads(p) for p in primers("m", [json_text("a"), json_text("b")])]
+    assert [p["messages"] for p in sent] == [[{"role": "user", "content": [image(u)]}]
+                                             for u in ("a", "b")]
+    assert all(p["max_tokens"] == 1 and p["model"] == "m" and p["stream"] for p in sent)
+    assert primers("m", []) == []
 
 
 def pd_delta(queries, misses, connector, local, in_step=0, covered=0) -> dict[str, float]:
@@ -55,7 +53,8 @@ def test_one_server_keeps_its_verdict():
 
 @pytest.mark.parametrize("url,says", [
     ("ftp://127.0.0.1:1", "--encoder-url must start with http:// or https://"),
-    ("http://127.0.0.1:99999", "--encoder-url 'http://127.0.0.1:99999': port 99999 is out of range"),
+    ("http://127.0.0.1:99999", "--encoder-url 'http://127.0.0.1:99999' is not a URL: Port out of "
+                               "range"),
     ("http://", "--encoder-url 'http://' names no host"),
 ])
 def test_a_bad_encoder_url_is_a_one_line_error(url, says):

@@ -3,6 +3,8 @@ media server (a repeat's URL is its image's unless varied), what it answers and 
 answer times within the latency and jitter."""
 from __future__ import annotations
 
+import json
+
 import httpx
 
 from mmscope.load import plan
@@ -20,7 +22,7 @@ def test_requests_take_the_sources_in_turn():
     options = MediaOptions(("data_url", "http"))
     assert [options.source(r) for r in level.requests] == ["data_url", "http"] * 2
     urls = Urls(workload, MediaOptions(("data_url",)))
-    assert urls.of(level, level.requests[0])[0].startswith("data:image/jpeg;base64,")
+    assert json.loads(b"".join(urls.of(level, level.requests[0])[0])).startswith("data:image/jpeg;base64,")
 
 
 def test_a_repeats_url_is_its_images_unless_varied_and_the_server_answers_it():
@@ -29,7 +31,8 @@ def test_a_repeats_url_is_its_images_unless_varied_and_the_server_answers_it():
     with MediaServer() as server:
         for vary in (False, True):
             urls = Urls(workload, MediaOptions(("http",), vary_urls=vary), server)
-            sent = {r.index: urls.of(level, r) for r in level.requests}
+            sent = {r.index: [json.loads(b"".join(u)) for u in urls.of(level, r)]
+                    for r in level.requests}
             senders = [r for r in level.requests if r.images[0] == repeated]
             of_image = {u for r in senders for u in sent[r.index]}
             assert len(senders) > 1 and len(of_image) == (len(senders) if vary else 1)

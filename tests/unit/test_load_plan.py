@@ -1,18 +1,20 @@
 """`mmscope load` without a server: the plan, the capacity estimate and verdict, the streamed
-client against a mock transport, the report, and the command line's argument checks."""
+client against scripted answers of an aiohttp server on loopback, the report, and the command
+line's argument checks."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 
-import httpx
 import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmscope.errors import UserError
-from mmscope.load import plan, series
+from mmscope.load import client, plan, series
 from mmscope.load.client import Server, Timing
 from mmscope.load.plan import LevelPlan, PlannedRequest
 from mmscope.load.verdict import EXCESS, EXPLAINED, MATCH, UNEXPLAINED, Observed, judge, lru_hits
@@ -60,17 +62,42 @@ def test_levels_and_probe_use_fresh_images():
     assert w.data_url(plan.PROBE_LEVEL, 0) not in urls[0] | urls[1]
 
 
-def test_images_are_files_of_the_format_and_size_asked():
+def decoded(data_url: tuple[bytes, ...]):
     import base64
     import io
 
     from PIL import Image
 
+    url = json.loads(b"".join(data_url))
+    img = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    img.load()  # every chunk's checksum and the image data's hold
+    return url, img
+
+
+@pytest.mark.parametrize("size", [(48, 20), (1, 1), (224, 224), (4096, 17)])
+def test_images_are_files_of_the_format_and_size_asked(size):
+    import base64
+
+    import numpy as np
+
     for fmt in ("png", "jpeg"):
-        url = plan.build(1, [0.0], 1, 1, (48, 20), image_format=fmt).data_url(0, 0)
+        workload = plan.build(1, [0.0, 0.0], 1, 1, size, image_format=fmt)
+        url, img = decoded(workload.data_url(0, 0))
         assert url.startswith(f"data:image/{fmt};base64,")
-        img = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
-        assert img.format == fmt.upper() and img.size == (48, 20)
+        assert img.format == fmt.upper() and img.size == size and img.mode == "RGB"
+        assert base64.b64decode(url.split(",", 1)[1]) == workload.image_file(0, 0)
+    # A PNG holds exactly its level's canvas, its last row its own: images of a level differ
+    # there, images of two levels everywhere.
+    workload = plan.build(1, [0.0, 0.0], 1, 1, size)
+    pixels = {(lv, i): np.asarray(decoded(workload.data_url(lv, i))[1])
+              for lv, i in ((0, 0), (0, 1), (1, 0))}
+    canvas = workload.canvas(0)
+    width, height = size
+    assert (pixels[(0, 0)][:-1] == canvas.rows[:-1, 1:].reshape(height - 1, width, 3)).all()
+    assert (pixels[(0, 0)][-1] == canvas.last_row(0)[1:].reshape(-1, 3)).all()
+    assert (pixels[(0, 0)][:-1] == pixels[(0, 1)][:-1]).all()
+    assert (pixels[(0, 0)][-1] != pixels[(0, 1)][-1]).any()
+    assert (pixels[(0, 0)] != pixels[(1, 0)]).any()
 
 
 def test_repeats_fill_whole_requests():
@@ -119,7 +146,7 @@ def test_lru_hits_never_evicts_images_in_use():
 ])
 def test_verdicts(hits, evictions, queries, status, words):
     level = scripted((0,), (1,), (0,), (2,), (1,), (0,))
-    verdict = judge(level, Observed(queries, hits, evictions, 32, 16))
+    verdict = judge(level, Observed(queries, hits, evictions, 32, 16), lru_hits(level, 32, 16))
     assert verdict.status == status and words in verdict.text
     assert verdict.ok == (status != UNEXPLAINED)
 
@@ -141,75 +168,130 @@ def test_series_names_match_the_adapter():
         assert series.exposed(key).removesuffix("_total") in exposed
 
 
-# --- the client, against httpx's mock transport ------------------------------------------------
+# --- the client, against scripted answers on loopback --------------------------------------------
 def sse(*chunks) -> bytes:
     return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode() + b"data: [DONE]\n\n"
 
 
-def mock_server(handler, timeout=5.0) -> Server:
-    server = Server("http://127.0.0.1:9/v1/", timeout)
-    server.http = httpx.AsyncClient(base_url=server.url, transport=httpx.MockTransport(handler))
-    return server
+async def _against(handler, call, timeout: float):
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    try:
+        async with client.session(4) as http:
+            return await call(Server(f"http://127.0.0.1:{port}/v1/", http, timeout))
+    finally:
+        await runner.cleanup()
 
 
-def chat(server: Server, images=("data:image/png;base64,AA==",)) -> Timing:
-    return asyncio.run(server.chat("m", "hello", list(images), 2, "request 0"))
+def against(handler, call, timeout: float = 5.0):
+    """`call(server)` with a Server whose every request `handler` (an aiohttp handler) answers."""
+    return asyncio.run(_against(handler, call, timeout))
+
+
+def chat(handler, images=((b'"data:image/png;base64,AA=="',),), timeout: float = 5.0) -> Timing:
+    return against(handler, lambda server: server.chat("m", "hello", list(images), 2, "request 0"),
+                   timeout)
+
+
+def answer(status=200, body=b"", content_type="text/event-stream"):
+    async def handler(request):
+        return web.Response(status=status, body=body, content_type=content_type)
+    return handler
 
 
 def test_client_streams_text_first_and_reads_usage():
     seen = {}
 
-    def handler(request):
-        seen.update(json.loads(request.content))
-        body = sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]},
-                   {"choices": [{"delta": {"content": "x"}}]},
-                   {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 2}})
-        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+    async def handler(request):
+        seen.update(await request.json())
+        seen["path"] = request.path
+        return await answer(body=sse(
+            {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+            {"choices": [{"delta": {"content": "x"}}]},
+            {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 2}}))(request)
 
-    server = mock_server(handler)
-    assert server.url == "http://127.0.0.1:9"
-    timing = chat(server)
+    timing = chat(handler)
+    assert seen["path"] == "/v1/chat/completions"
     content = seen["messages"][0]["content"]
     assert [part["type"] for part in content] == ["text", "image_url"]
+    assert content[1]["image_url"]["url"] == "data:image/png;base64,AA=="
     assert seen["stream"] is True and seen["stream_options"] == {"include_usage": True}
+    assert (seen["model"], seen["max_tokens"], seen["temperature"]) == ("m", 2, 0.0)
     assert 0 <= timing.ttft_s <= timing.e2e_s
     assert (timing.prompt_tokens, timing.completion_tokens) == (30, 2)
 
 
+def test_a_stream_cut_anywhere_reads_the_same():
+    """Lines split across arrivals, and a last line (the usage) without its newline."""
+    usage = {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 1}}
+    whole = (sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
+             .removesuffix(b"data: [DONE]\n\n") + b"data: " + json.dumps(usage).encode())
+
+    async def handler(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for a, b in itertools.pairwise((0, 3, 20, len(whole) - 10, len(whole))):
+            await response.write(whole[a:b])
+            await asyncio.sleep(0.02)  # each piece its own arrival
+        await response.write_eof()
+        return response
+
+    timing = chat(handler)
+    assert (timing.prompt_tokens, timing.completion_tokens) == (12, 1)
+
+
+def test_chat_bodies_are_json_with_the_images_spliced_in():
+    url = client.json_text('data:image/png;base64,AB+/"x"')
+    body = json.loads(client.chat_body("m", 'say "hi"', [url, url], 7, images_first=True))
+    assert body["messages"] == [{"role": "user", "content": [
+        *[{"type": "image_url", "image_url": {"url": 'data:image/png;base64,AB+/"x"'}}] * 2,
+        {"type": "text", "text": 'say "hi"'}]}]
+    assert json.loads(client.chat_body("m", None, [url], 1))["messages"][0]["content"] == [
+        {"type": "image_url", "image_url": {"url": 'data:image/png;base64,AB+/"x"'}}]
+
+
 @pytest.mark.parametrize("response,message", [
-    (httpx.Response(400, json={"error": {"message": "At most 1 image(s) may be\nprovided"}}),
-     "request 0: HTTP 400: At most 1 image(s) may be provided"),
-    (httpx.Response(404, json={"detail": "Not Found"}), "request 0: HTTP 404: Not Found"),
-    (httpx.Response(500, text="<html>boom</html>"), "request 0: HTTP 500: <html>boom</html>"),
-    (httpx.Response(200, content=sse({"error": {"message": "engine dead"}})),
+    (answer(400, json.dumps({"error": {"message": "At most 1 image(s) may be\nprovided"}}).encode(),
+            "application/json"), "request 0: HTTP 400: At most 1 image(s) may be provided"),
+    (answer(404, b'{"detail": "Not Found"}', "application/json"), "request 0: HTTP 404: Not Found"),
+    (answer(500, b"<html>boom</html>", "text/html"), "request 0: HTTP 500: <html>boom</html>"),
+    (answer(body=sse({"error": {"message": "engine dead"}})),
      "request 0: the server reported an error: engine dead"),
-    (httpx.Response(200, content=b"data: [DONE]\n\n"),
-     "request 0: the server's stream ended without a token"),
+    (answer(body=b"data: [DONE]\n\n"), "request 0: the server's stream ended without a token"),
 ])
 def test_client_errors_are_one_line(response, message):
     with pytest.raises(UserError) as e:
-        chat(mock_server(lambda request: response))
+        chat(response)
     assert str(e.value) == message
 
 
 def test_client_connection_refused_and_slow_server():
-    def refuse(request):
-        raise httpx.ConnectError("All connection attempts failed")
+    async def refused(http):
+        return await Server("http://127.0.0.1:9/v1/", http, 5).chat("m", "hello", [], 2,
+                                                                    "request 0")
 
-    with pytest.raises(UserError, match=r"^request 0: cannot reach http://127.0.0.1:9: All conn"):
-        chat(mock_server(refuse))
+    async def run():
+        async with client.session(4) as http:
+            return await refused(http)
+
+    with pytest.raises(UserError, match=r"^request 0: cannot reach http://127.0.0.1:9: "):
+        asyncio.run(run())
 
     async def slow(request):
         await asyncio.sleep(5)
 
     with pytest.raises(UserError, match=r"no complete answer .* within 0.2 s"):
-        chat(mock_server(slow, timeout=0.2))
+        chat(slow, timeout=0.2)
 
 
 def test_metrics_page_must_be_prometheus():
-    server = mock_server(lambda request: httpx.Response(200, text="{not prometheus"))
     with pytest.raises(UserError, match="is not a Prometheus metrics page"):
-        asyncio.run(server.metrics())
+        against(answer(body=b"{not prometheus", content_type="text/plain"),
+                lambda server: server.metrics())
 
 
 # --- report and arguments -----------------------------------------------------------------------
@@ -222,13 +304,13 @@ def fake_level(reuse=0.5, capacity=32, hits=3, evictions=0):
     delta = {series.QUERIES: 6, series.HITS: hits, series.MISSES: 6 - hits,
              series.EVICTIONS: evictions, series.by_source("local"): hits,
              series.cache_queries("mm_cache"): 6, series.cache_hits("mm_cache"): 3}
-    return LevelResult(level, results, 1.5, delta, capacity, 16)
+    return LevelResult(level, results, 1.5, {"http://x": delta}, {"http://x": capacity}, 16)
 
 
 def test_json_report_shape():
     from mmscope.load.report import RunInfo, run_json
 
-    info = RunInfo("http://x", "m", 1, 6, 1, 2, (32, 32), 16)
+    info = RunInfo(("http://x",), "m", 1, 6, 1, 2, (32, 32), 16)
     out = run_json(info, [fake_level(), fake_level(0.9, hits=1, evictions=0)])
     assert out["ok"] is False
     first = out["levels"][0]
@@ -250,7 +332,7 @@ def test_terminal_report_and_plot(tmp_path):
 
     levels = [fake_level(0.0), fake_level(0.5, hits=1, evictions=3)]
     console = Console(record=True, width=200)
-    print_terminal(RunInfo("http://x", "m", 1, 6, 1, 2, (32, 32), 16), levels, console)
+    print_terminal(RunInfo(("http://x",), "m", 1, 6, 1, 2, (32, 32), 16), levels, console)
     text = console.export_text()
     assert "encoder cache per reuse level" in text and "32 embeds" in text
     assert "reuse 0.5: 1 of 3 planned hits; shortfall explained by capacity" in text

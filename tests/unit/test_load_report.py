@@ -10,7 +10,7 @@ from mmscope.load.client import Timing
 from mmscope.load.plan import LevelPlan, PlannedRequest
 from mmscope.load.report import RunInfo, level_json, print_terminal, run_json
 from mmscope.load.sweep import LevelResult, RequestResult
-from mmscope.load.verdict import EXCESS, EXPLAINED, MATCH, UNEXPLAINED, Observed, judge
+from mmscope.load.verdict import EXCESS, EXPLAINED, MATCH, UNEXPLAINED, Observed, judge, lru_hits
 
 
 def scripted(reuse: float, *images_per_request: tuple[int, ...]) -> LevelPlan:
@@ -27,7 +27,7 @@ LRU_AT_32 = 1  # two 16-embed slots: 0,1 | 0 hits | 2 evicts 1 | 1 misses, evict
 
 
 def verdict(hits: int, evictions: int, queries: int = 6):
-    return judge(SIX, Observed(queries, hits, evictions, 32, 16))
+    return judge(SIX, Observed(queries, hits, evictions, 32, 16), lru_hits(SIX, 32, 16))
 
 
 CAPACITY = "capacity 32 embeds; an LRU of that size allows 1 hits"
@@ -85,8 +85,8 @@ def busy_level() -> LevelResult:
              series.cache_hits("mm_cache"): 4, series.cache_queries("prefix_cache"): 320,
              series.cache_hits("prefix_cache"): 64, series.QUERY_EMBEDS: 112,
              series.HIT_EMBEDS: 32, series.PREFIX_COVERED_EMBEDS: 16, **SERVER_TTFT,
-             **SERVER_MEDIA}
-    return LevelResult(SIX, timed(SIX), 1.5, delta, 32, 16)
+             **VLLM_TTFT, **SERVER_MEDIA}
+    return LevelResult(SIX, timed(SIX), 1.5, {URL: delta}, {URL: 32}, 16, build_s=0.25)
 
 
 # The server's media counts over the level: six data URLs fetched in 12 ms and decoded in 18 ms
@@ -117,7 +117,12 @@ SERVER_TTFT = {
     f"{P}_bucket{{encoder_cache=miss,le=0.01,part=encoder}}": 6,
     f"{P}_bucket{{encoder_cache=miss,le=+Inf,part=encoder}}": 6,
 }
+# vLLM's own time to first token of the same six requests.
+V = series.VLLM_TTFT
+VLLM_TTFT = {f"{V}_count": 6, f"{V}_sum": 0.18, f"{V}_bucket{{le=0.025}}": 2,
+             f"{V}_bucket{{le=0.05}}": 6, f"{V}_bucket{{le=+Inf}}": 6}
 NONE = {"mean_ms": None, "p50_ms": None, "p90_ms": None}
+URL = "http://x:1"
 BUSY_TTFT_PARTS = {
     "hit": {"requests": 0, "ttft": NONE, "parts": {p: NONE for p in stages.TTFT_PARTS}},
     # p50: rank 3 of 6, a quarter into (25, 50] ms; p90: rank 5.4, 85% into it
@@ -131,7 +136,8 @@ BUSY_TTFT_PARTS = {
 def quiet_level() -> LevelResult:
     """Nothing repeats, the server said no capacity, and the wall time is 2 s."""
     plan = LevelPlan(1, 0.0, scripted(0.0, (5,), (6,)).requests)
-    return LevelResult(plan, timed(plan), 2.0, {series.QUERIES: 2, series.MISSES: 2}, None, 16)
+    return LevelResult(plan, timed(plan), 2.0, {URL: {series.QUERIES: 2, series.MISSES: 2}},
+                       {URL: None}, 16)
 
 
 BUSY_JSON = {
@@ -152,7 +158,12 @@ BUSY_JSON = {
     "ttft_parts": BUSY_TTFT_PARTS,
     "media": BUSY_MEDIA,
     "e2e_ms": {"p50": 125.0, "p90": 145.0},
-    "wall_s": 1.5, "throughput_rps": 4.0,
+    "wall_s": 1.5, "throughput_rps": 4.0, "build_s": 0.25,
+    # one instance: the whole level, vLLM's TTFT as the split's (p50: 31.25, p90: 46.25 ms)
+    "instances": {URL: {"requests": 6, "planned_hits": None, "queries": 7, "hits": 2, "misses": 5,
+                        "evictions": 1, "hit_rate": 0.2857, "capacity_embeds": 32,
+                        "ttft_ms": {"mean_ms": 30.0, "p50_ms": 31.25, "p90_ms": 46.25}}},
+    "router": None,
     "verdict": {"status": EXPLAINED, "text": (
         f"2 of 3 planned hits; shortfall explained by capacity (1 evictions, {CAPACITY}); 7 "
         "queries for 6 images (requests preempted and resumed, or other traffic)")},
@@ -170,10 +181,12 @@ def test_level_json_holds_every_figure():
 
 
 def test_run_json_holds_the_run_and_every_level():
-    info = RunInfo("http://x:1", "m", 5, 6, 1, 2, (32, 24), 16)
+    info = RunInfo((URL,), "m", 5, 6, 1, 2, (32, 24), 16)
     out = run_json(info, [busy_level(), quiet_level()])
     levels = out.pop("levels")
-    assert out == {"url": "http://x:1", "model": "m", "seed": 5, "requests_per_level": 6,
+    assert out == {"urls": [URL], "model": "m", "seed": 5,
+                   "shard": {"part": 1, "of": 1, "lanes": 1},
+                   "counters": "/metrics of the server", "requests_per_level": 6,
                    "images_per_request": 1, "concurrency": 2, "image_size": [32, 24],
                    "embeds_per_image": 16, "prefix_plan": False, "ok": True,
                    "media": {"sources": ["data_url"], "format": "png", "latency_ms": 0.0,
@@ -194,7 +207,7 @@ def table_rows(lines: list[str]) -> list[list[str]]:
 
 
 def test_terminal_report_prints_every_figure():
-    info = RunInfo("http://x:1", "m", 5, 6, 1, 2, (32, 24), 16)
+    info = RunInfo((URL,), "m", 5, 6, 1, 2, (32, 24), 16)
     lines = printed(info, [busy_level(), quiet_level()])
     assert lines[:4] == ["mmscope load: http://x:1, model m, seed 5",
                          "per level: 6 requests of 1 image, concurrency 2; 32x24 png images "
@@ -225,7 +238,7 @@ def test_terminal_report_prints_every_figure():
 
 
 def test_header_when_the_server_did_not_say():
-    info = RunInfo("http://x:1", "m", 5, 1, 3, 1, (8, 8), None)
+    info = RunInfo((URL,), "m", 5, 1, 3, 1, (8, 8), None)
     level = quiet_level()
     level.embeds_per_image = None
     assert printed(info, [level])[1] == ("per level: 1 request of 3 images, concurrency 1; 8x8 "
@@ -234,7 +247,7 @@ def test_header_when_the_server_did_not_say():
 
 
 def test_a_server_without_the_ttft_split_gets_the_switch_named():
-    info = RunInfo("http://x:1", "m", 5, 6, 1, 2, (32, 24), 16)
+    info = RunInfo((URL,), "m", 5, 6, 1, 2, (32, 24), 16)
     hint = ("time to first token by part: the server splits none (start it with "
             "MMSCOPE_TTFT_PARTS=1 in its environment)")
     assert hint in printed(info, [quiet_level()])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 def load(path: str, **kwargs):
-    """The `RangeTable` of a profile file, whatever its format (see `mmscope.analyze.formats`)."""
-    from mmscope.analyze.formats import load_profile
+    """The `RangeTable` of a profile file, whatever its format (readers/formats.py)."""
+    from mmscope.analyze.readers.formats import load_profile
 
     return load_profile(path, **kwargs)

@@ -78,7 +78,8 @@ def run(args) -> int:
 
 def _target(value: float) -> float:
     if not 0 < value <= 1:
-        raise UserError(f"--target-hit-rate: {value} is not a hit rate between 0 and 1")
+        raise UserError(f"--target-hit-rate: {value:g} is outside (0, 1]: a target hit rate is "
+                        "above 0 and at most 1")
     return value
 
 

@@ -113,9 +113,10 @@ def _analyse(profile: str, html: str, metrics_page: str):
     (the terminal prints them in the demo's own table)."""
     import dataclasses
 
-    from mmscope.analyze import load, scrape
-    from mmscope.analyze.report import analyze
-    from mmscope.analyze.report_html import write_html
+    from mmscope.analyze import load
+    from mmscope.analyze.readers import scrape
+    from mmscope.analyze.report.analysis import analyze
+    from mmscope.analyze.report.html import write_html
 
     analysis = analyze(profile, load(profile, quiet=True))
     write_html(dataclasses.replace(analysis, cache=scrape.read(metrics_page)), html)
@@ -125,9 +126,9 @@ def _analyse(profile: str, html: str, metrics_page: str):
 def _report(out: str, profile: str, analysis, elapsed: float) -> None:
     from rich.table import Table
 
-    from mmscope.analyze.report import print_terminal
-    from mmscope.console import report_console
     from mmscope import vocabulary
+    from mmscope.analyze.report.terminal import print_terminal
+    from mmscope.console import report_console
     from mmscope.load import series
 
     console = report_console()

@@ -19,8 +19,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--url", help="a running vLLM server (http://HOST:PORT): the hooks turned off "
                                  "in it, from its /metrics")
+    p.add_argument("--timeout", type=_timeout, default=10.0, metavar="SECONDS",
+                   help="how long --url waits for the server's answer (default: 10)")
     p.add_argument("--log", metavar="FILE", help="a vLLM server's log: the runner each worker "
                                                  "uses and the hooks turned off or not applied")
+
+
+def _timeout(text: str) -> float:
+    from mmscope.analyze.readers.scrape import timeout
+
+    return timeout(text)
 
 
 def _entry_point_registered() -> bool:
@@ -155,7 +163,7 @@ def _releases_table(releases: list[dict]):
 def _run_live(args) -> int:
     from mmscope.doctor import live
 
-    data = {"metrics": live.from_metrics(args.url) if args.url else None,
+    data = {"metrics": live.from_metrics(args.url, args.timeout) if args.url else None,
             "log": live.from_log(args.log) if args.log else None}
     off = [h for part in data.values() if part for h in part["hooks_off"]]
     if args.json:
@@ -163,6 +171,7 @@ def _run_live(args) -> int:
         print(json.dumps(data, indent=2))
         return 1 if off else 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(highlight=False)
@@ -176,8 +185,8 @@ def _run_live(args) -> int:
         console.print(table if log["workers"] else "no worker named its runner (start-up lines "
                       "are logged at INFO)")
         for h in log["not_applied"]:
-            console.print(f"[yellow]not applied[/yellow] {h['hook']} ({h['process']}): "
-                          f"{h['detail']}")
+            console.print(f"[yellow]not applied[/yellow] {escape(h['hook'])} "
+                          f"({escape(h['process'])}): {escape(h['detail'])}")
     metrics = data["metrics"]
     if metrics:
         console.print(f"metrics {metrics['source']}: "
@@ -186,5 +195,5 @@ def _run_live(args) -> int:
     for h in off:
         where = f"engine {h['engine']}" if "engine" in h else h["process"]
         why = h.get("error") or f"feature {h['feature']}: its figures are withdrawn from /metrics"
-        console.print(f"[red]off[/red] {h['hook']} ({where}): {why}")
+        console.print(f"[red]off[/red] {escape(h['hook'])} ({escape(where)}): {escape(why)}")
     return 1 if off else 0

@@ -22,14 +22,16 @@ CANNOT_HOOK = re.compile(_PROCESS + r".*mmscope: cannot hook (?P<hook>\S+) \((?P
 VERSION = re.compile(r"mmscope: vLLM (?P<version>\S+) is (?P<standing>.*?)(?:;|, not tested)")
 
 
-def from_metrics(url: str) -> dict:
+def from_metrics(url: str, timeout_s: float = 10.0) -> dict:
     """The hooks turned off, by engine, as a server's /metrics page says."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from mmscope.analyze.scrape import fetch
+    from mmscope.analyze.readers.scrape import fetch, printable
+    from mmscope.load.client import base_url
 
-    page = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
-    text = fetch(page)
+    root = base_url(url)
+    page = root if root.endswith("/metrics") else root + "/metrics"
+    text = fetch(page, timeout_s)
     off, rows = [], 0
     try:
         for family in text_string_to_metric_families(text):
@@ -41,7 +43,7 @@ def from_metrics(url: str) -> dict:
                     off.append({k: sample.labels.get(k, "") for k in
                                 ("hook", "feature", "process", "engine", "model_name")})
     except ValueError as e:
-        raise UserError(f"{page}: not a Prometheus /metrics page ({e})") from None
+        raise UserError(f"{page}: not a Prometheus /metrics page ({printable(str(e))})") from None
     if not rows:
         raise UserError(f"{page}: no {HOOK_OFF[0]} series (is mmscope installed in the server's "
                         "Python environment?)")

@@ -29,9 +29,10 @@ def wheel_cache() -> Path:
     return Path(cache_dir("wheels"))
 
 
-def fetch_command(version: str) -> list[str]:
+def fetch_command(version: str, folder: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "pip", "download", f"vllm=={version}", "--no-deps",
-            "--only-binary=:all:", "--platform", WHEEL_PLATFORM, "-d", str(wheel_cache())]
+            "--only-binary=:all:", "--platform", WHEEL_PLATFORM, "-d",
+            str(folder or wheel_cache())]
 
 
 def fetch_hint(version: str) -> str:
@@ -39,22 +40,41 @@ def fetch_hint(version: str) -> str:
             f"--platform {WHEEL_PLATFORM} -d {wheel_cache()}")
 
 
-def cached_wheel(version: str) -> Path | None:
-    found = sorted(wheel_cache().glob(f"vllm-{version}-*.whl"))
+def cached_wheel(version: str, folder: Path | None = None) -> Path | None:
+    found = sorted((folder or wheel_cache()).glob(f"vllm-{version}-*.whl"))
     return found[0] if found else None
 
 
+def whole(wheel: Path) -> bool:
+    """Whether a cached wheel is a complete zip file: a download cut short has no central
+    directory at its end."""
+    try:
+        with zipfile.ZipFile(wheel):
+            return True
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def fetch_wheel(version: str) -> Path:
-    """The release's wheel from the cache, downloaded there by pip when absent (about 340 MB)."""
+    """The release's wheel from the cache, downloaded there by pip when absent or broken (about
+    340 MB). pip writes into a folder of this process' own, and the whole wheel is then renamed
+    into the cache: another process never sees half a file, and fetches of its own race
+    harmlessly (the last rename wins, with the same bytes)."""
+    import tempfile
+
     wheel = cached_wheel(version)
-    if wheel is not None:
+    if wheel is not None and whole(wheel):
         return wheel
-    done = subprocess.run(fetch_command(version), capture_output=True, text=True)
-    wheel = cached_wheel(version)
-    if done.returncode != 0 or wheel is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no wheel"]
-        raise UserError(f"cannot download vLLM {version}'s wheel: {tail[0]}")
-    return wheel
+    wheel_cache().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=wheel_cache(), prefix=".fetch-") as tmp:
+        done = subprocess.run(fetch_command(version, Path(tmp)), capture_output=True, text=True)
+        fetched = cached_wheel(version, Path(tmp))
+        if done.returncode != 0 or fetched is None or not whole(fetched):
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no whole wheel"]
+            raise UserError(f"cannot download vLLM {version}'s wheel: {tail[0]}")
+        target = wheel_cache() / fetched.name
+        os.replace(fetched, target)
+    return target
 
 
 # --- Sources: a tree of .py files, from a wheel or from a folder ---------------------------------
@@ -405,6 +425,10 @@ def releases_report() -> list[dict]:
         if wheel is None:
             row.update(status="not checked",
                        detail=f"wheel not in the cache: {fetch_hint(version)}")
+        elif not whole(wheel):
+            row.update(status="not checked",
+                       detail=f"the cached {wheel.name} is not a whole wheel (a download cut "
+                              f"short?): delete it and fetch it again: {fetch_hint(version)}")
         else:
             result = check_release(Sources.from_wheel(wheel))
             row.update(status="ok" if result.ok else "failed", detail=result.summary(),

@@ -1,5 +1,7 @@
-"""`mmscope load --url URL`: sweep reuse levels against a live OpenAI-compatible server and check
-its encoder-cache counters against the plan; exit 1 on hits missing that capacity does not explain.
+"""`mmscope load --url URL`: sweep reuse levels against live OpenAI-compatible servers (one plan
+spread over every --url, and over processes with --shard) and check their encoder-cache counters,
+from their /metrics or from Prometheus, against the plan; exit 1 on hits missing that nothing
+explains.
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ MAX_LEVELS = 100
 MAX_REQUESTS = 100_000
 MAX_IMAGES_PER_LEVEL = 1_000_000
 MAX_IMAGES_PER_REQUEST = 256
-MAX_CONCURRENCY = 1024
+MAX_CONCURRENCY = 10_000
+MAX_URLS = 1000
+RESERVED_FILES = 64  # open files beside the connections: the interpreter's, the media server's
 MAX_TOKENS = 2**31 - 1
 MAX_SEED = 2**63 - 1
 MAX_TIMEOUT_S = 7 * 86400.0
@@ -31,9 +35,22 @@ DESCRIPTION = "verify the encoder cache under sweep load against a live server"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", required=True,
-                        help="the server's base URL, e.g. http://127.0.0.1:8000 (the only "
-                             "host contacted)")
+    parser.add_argument("--url", required=True, action="append",
+                        help="a server's base URL, e.g. http://127.0.0.1:8000; repeat it for "
+                             "several instances: the plan is spread over them, each image's "
+                             "every sight to one (only these hosts and --prometheus are "
+                             "contacted)")
+    parser.add_argument("--shard", type=shard, default=None, metavar="K/N",
+                        help="send part K of N of the plan (N processes, one plan: the same "
+                             "--seed and the same number of --url in each), every sight of an "
+                             "image in one part; each judges its own part")
+    parser.add_argument("--prometheus", metavar="URL",
+                        help="read the counters from the Prometheus that scrapes the instances "
+                             "(as their increase over each level) instead of their /metrics: "
+                             "for instances behind a router")
+    parser.add_argument("--prometheus-match", type=_matcher, metavar="SELECTOR",
+                        help="with --prometheus: the label matcher of the fleet's series, e.g. "
+                             "'{job=\"vllm\"}' (default: every series)")
     parser.add_argument("--encoder-url", metavar="URL",
                         help="an encoder instance (EC connector producer) in front of --url, the "
                              "prefill/decode instance: each request's images go there first, as "
@@ -99,6 +116,30 @@ def reuse_levels(text: str) -> list[float]:
     return levels
 
 
+def shard(text: str):
+    """`K/N`, 1 <= K <= N: part K of N."""
+    from mmscope.load.fleet import Shard
+
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N, e.g. 1/4: {text!r}") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"K/N needs 1 <= K <= N: {text!r}")
+    if n > MAX_URLS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_URLS} shards: {text!r}")
+    return Shard(k - 1, n)
+
+
+def _matcher(text: str) -> str:
+    from mmscope.load.prometheus import matcher
+
+    try:
+        return matcher(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def media_sources(text: str) -> tuple[str, ...]:
     from mmscope.load.media_urls import SOURCES
 
@@ -160,12 +201,25 @@ def _positive(text: str) -> float:
 
 
 def _check_before_planning(args: argparse.Namespace) -> None:
-    """What argparse cannot see alone: the URL, the plan's size, the plot's path."""
+    """What argparse cannot see alone: the URLs, the plan's size, the plot's path."""
     from mmscope.load.client import base_url
 
-    base_url(args.url)
+    urls = [base_url(url) for url in args.url]
+    if len(set(urls)) < len(urls):
+        raise UserError(f"--url {next(u for u in urls if urls.count(u) > 1)} is given twice")
+    if len(urls) > MAX_URLS:
+        raise UserError(f"at most {MAX_URLS} --url")
     if args.encoder_url is not None:
         base_url(args.encoder_url, "--encoder-url")
+        if len(urls) > 1 or args.prometheus:
+            raise UserError("--encoder-url pairs with one --url, its counters read from /metrics "
+                            "(no --prometheus)")
+    if args.prometheus is not None:
+        base_url(args.prometheus, "--prometheus")
+    elif args.prometheus_match is not None:
+        raise UserError("--prometheus-match needs --prometheus (the Prometheus it asks)")
+    if args.shard is not None and args.shard.count > 1 and args.seed is None:
+        raise UserError("--shard needs --seed: every shard builds the same plan from it")
     if args.requests * args.images_per_request > MAX_IMAGES_PER_LEVEL:
         raise UserError(f"--requests {args.requests} of --images-per-request "
                         f"{args.images_per_request} is more than {MAX_IMAGES_PER_LEVEL:,} images "
@@ -177,9 +231,10 @@ def _check_before_planning(args: argparse.Namespace) -> None:
                         ("--media-vary-urls", args.media_vary_urls)):
         if given and not http:
             raise UserError(f"{flag} needs --media http (the media server it sets)")
-    if http and not _loopback(args.url):
-        raise UserError(f"--media http serves the images on this machine's loopback: --url "
-                        f"{args.url} must be a server on this machine (127.0.0.1, localhost)")
+    for url in args.url:
+        if http and not _loopback(url):
+            raise UserError(f"--media http serves the images on this machine's loopback: --url "
+                            f"{url} must be a server on this machine (127.0.0.1, localhost)")
     if args.media_jitter > args.media_latency:
         raise UserError(f"--media-jitter {args.media_jitter * 1000:g}ms is more than "
                         f"--media-latency {args.media_latency * 1000:g}ms")
@@ -188,9 +243,9 @@ def _check_before_planning(args: argparse.Namespace) -> None:
 def _loopback(url: str) -> bool:
     import ipaddress
 
-    import httpx
+    import yarl
 
-    host = httpx.URL(url.strip()).host
+    host = yarl.URL(url.strip()).host
     if host == "localhost":
         return True
     try:
@@ -199,15 +254,41 @@ def _loopback(url: str) -> bool:
         return False
 
 
+def _allow_connections(concurrency: int, connections: int) -> None:
+    """Raise this process's open-file limit to what `connections` need, within its hard limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = connections + RESERVED_FILES
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise UserError(f"--concurrency {concurrency} needs {need} open files; this process may "
+                        f"open {hard} (ulimit -Hn)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+def connections(args: argparse.Namespace) -> int:
+    """Every request in flight, and a reading of each server's /metrics beside them."""
+    return args.concurrency + 2 * len(args.url) + 2
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import dataclasses
 
     from mmscope.load import plan, report
+    from mmscope.load.fleet import Shard
 
     _check_before_planning(args)
+    _allow_connections(args.concurrency, connections(args))
     seed = args.seed if args.seed is not None else random.randrange(2**31)
+    args.shard = args.shard or Shard(0)
     workload = plan.build(seed, args.reuse, args.requests, args.images_per_request, args.image_size,
-                          prefix=args.prefix, image_format=args.media_format)
+                          prefix=args.prefix, image_format=args.media_format,
+                          lanes=args.shard.lanes(len(args.url)))
+    workload = dataclasses.replace(workload, levels=tuple(
+        args.shard.part(level, len(args.url)) for level in workload.levels))
     try:
         info, levels = asyncio.run(asyncio.wait_for(_sweep(args, workload), args.timeout))
     except TimeoutError:
@@ -226,34 +307,50 @@ def run(args: argparse.Namespace) -> int:
 async def _sweep(args, workload):
     import contextlib
 
-    from mmscope.load.client import Server
-    from mmscope.load.epd import PairServer
+    from mmscope.load import client
     from mmscope.load.media_urls import MediaOptions, Urls
     from mmscope.load.media_server import MediaServer
     from mmscope.load.report import RunInfo
     from mmscope.load.sweep import preflight, run_level
 
     options = MediaOptions(args.media, args.media_latency, args.media_jitter, args.media_vary_urls)
-    server = (PairServer(args.encoder_url, args.url, args.request_timeout, args.concurrency)
-              if args.encoder_url is not None
-              else Server(args.url, args.request_timeout, args.concurrency))
-    with (MediaServer(options.latency_s, options.jitter_s, workload.seed) if options.http
-          else contextlib.nullcontext()) as media_server:
-        urls = Urls(workload, options, media_server)
-        try:
-            target = await preflight(server, args.model, workload, args.max_tokens)
+    async with client.session(connections(args)) as http:
+        fleet = await _fleet(args, http)
+        with (MediaServer(options.latency_s, options.jitter_s, workload.seed) if options.http
+              else contextlib.nullcontext()) as media_server:
+            urls = Urls(workload, options, media_server)
+            target = await preflight(fleet, args.model, workload, args.max_tokens)
             levels = []
             with _progress(workload) as advance:
                 for level in workload.levels:
-                    levels.append(await run_level(server, target, workload, level,
+                    levels.append(await run_level(fleet, target, workload, level,
                                                   args.concurrency, args.max_tokens, urls,
                                                   advance(level)))
-        finally:
-            await server.close()
-    info = RunInfo(server.url, target.model, workload.seed, workload.requests,
-                   workload.images_per_request, args.concurrency, workload.image_size,
-                   target.embeds_per_image, workload.prefix, options, workload.image_format)
+    info = RunInfo(tuple(server.url for server in fleet.servers), target.model, workload.seed,
+                   workload.requests, workload.images_per_request, args.concurrency,
+                   workload.image_size, target.embeds_per_image, workload.prefix, options,
+                   workload.image_format, fleet.shard, workload.lanes, fleet.counters.where())
     return info, levels
+
+
+async def _fleet(args, http):
+    """The servers to send to and where their counters are read."""
+    from mmscope.load.client import Server
+    from mmscope.load.epd import PairServer
+    from mmscope.load.prometheus import Prometheus
+    from mmscope.load.readings import Pages
+    from mmscope.load.sweep import Fleet
+
+    if args.encoder_url is not None:
+        servers = [PairServer(args.encoder_url, args.url[0], http, args.request_timeout)]
+    else:
+        servers = [Server(url, http, args.request_timeout) for url in args.url]
+    if args.prometheus is None:
+        return Fleet(servers, Pages(servers), args.shard)
+    counters = Prometheus(args.prometheus, args.prometheus_match or "{}", http,
+                          args.request_timeout)
+    await counters.check()
+    return Fleet(servers, counters, args.shard)
 
 
 class _progress:
@@ -269,6 +366,8 @@ class _progress:
                       for lv in workload.levels}
 
     def __enter__(self):
+        if self.bar.disable:  # nothing to show: no call a request
+            return lambda level: None
         self.bar.start()
         return lambda level: lambda: self.bar.advance(self.tasks[level.level])
 

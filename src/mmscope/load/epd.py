@@ -8,37 +8,23 @@ on the PD instance every query must be a hit (loaded by the EC connector, or sti
 from __future__ import annotations
 
 import asyncio
-import copy
 import time
 from dataclasses import replace
 
 from mmscope.errors import UserError
 from mmscope.load import series
-from mmscope.load.client import Server, Timing
+from mmscope.load.client import Server, Timing, Url, chat_body
 from mmscope.load.verdict import UNEXPLAINED, Verdict
 
 PD = "pd:"  # the PD instance's series in a pair's readings, beside the encoder instance's
 PRIMER_MAX_TOKENS = 1
-MEDIA_PARTS = ("image_url", "audio_url", "input_audio", "video_url")
 
 
-def primer_requests(body: dict) -> list[dict]:
-    """One request per media part of an OpenAI chat body: that part alone, no text, one token;
-    what the encoder instance needs to compute and publish the item. (vLLM's proxy does not
-    stream it; here it streams like the original, which changes nothing the encoder does.)"""
-    primers = []
-    for message in body.get("messages", []):
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        for part in content:
-            if part.get("type") in MEDIA_PARTS:
-                primer = dict(body)
-                primer["messages"] = [{"role": message.get("role", "user"),
-                                       "content": [copy.deepcopy(part)]}]
-                primer["max_tokens"] = PRIMER_MAX_TOKENS
-                primers.append(primer)
-    return primers
+def primers(model: str, image_urls: list[Url]) -> list[bytes]:
+    """One request per image: that image alone, no text, one token; what the encoder instance
+    needs to compute and publish the item. (vLLM's proxy does not stream it; here it streams like
+    the original, which changes nothing the encoder does.)"""
+    return [chat_body(model, None, [url], PRIMER_MAX_TOKENS) for url in image_urls]
 
 
 class PairServer(Server):
@@ -47,15 +33,11 @@ class PairServer(Server):
     which are the PD instance's (the request the user waits for runs there), plus the PD
     instance's whole reading under `pd:`."""
 
-    def __init__(self, encoder_url: str, pd_url: str, request_timeout_s: float,
-                 concurrency: int = 1):
-        super().__init__(pd_url, request_timeout_s, concurrency)
-        self.encoder = Server(encoder_url, request_timeout_s, concurrency, "--encoder-url")
-        self.pd_url = self.url
+    def __init__(self, encoder_url: str, pd_url: str, http, request_timeout_s: float):
+        super().__init__(pd_url, http, request_timeout_s)
+        self.encoder = Server(encoder_url, http, request_timeout_s, "--encoder-url")
+        self.pd_url = self.base
         self.url = f"{self.encoder.url} -> {self.pd_url}"
-
-    async def close(self) -> None:
-        await asyncio.gather(self.encoder.close(), super().close())
 
     async def metrics(self) -> dict[str, float]:
         encoder, pd = await asyncio.gather(self.encoder.metrics(), super().metrics())
@@ -67,13 +49,14 @@ class PairServer(Server):
         reading.update((PD + k, v) for k, v in pd.items())
         return reading
 
-    async def send(self, body: dict, what: str) -> Timing:
+    async def chat(self, model: str, text: str, image_urls: list[Url], max_tokens: int,
+                   what: str, images_first: bool = False) -> Timing:
         """The pair's time to first token: from the first primer to the PD instance's token."""
         start = time.perf_counter()
         await asyncio.gather(*(self.encoder.send(p, f"{what}, encoder request")
-                               for p in primer_requests(body)))
+                               for p in primers(model, image_urls)))
         primed = time.perf_counter() - start
-        timing = await super().send(body, what)
+        timing = await super().chat(model, text, image_urls, max_tokens, what, images_first)
         return replace(timing, ttft_s=timing.ttft_s + primed, e2e_s=timing.e2e_s + primed)
 
 

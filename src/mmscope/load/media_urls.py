@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from mmscope import stages
 from mmscope.load import series
-from mmscope.load.plan import IMAGE_FORMATS, LevelPlan, PlannedRequest, Workload
+from mmscope.load.client import Url, json_text
+from mmscope.load.images import IMAGE_FORMATS
+from mmscope.load.plan import LevelPlan, PlannedRequest, Workload
 
 DATA_URL, HTTP = "data_url", "http"
 SOURCES = (DATA_URL, HTTP)
@@ -38,17 +40,19 @@ class Urls:
         self.workload, self.options, self.server = workload, options, media_server
         self.names: dict[int, list[str]] = {}  # level -> names served
 
-    def of(self, plan: LevelPlan, request: PlannedRequest) -> list[str]:
+    def of(self, plan: LevelPlan, request: PlannedRequest) -> list[Url]:
+        """In the form request bodies take them in."""
         if self.options.source(request) == DATA_URL:
             return [self.workload.data_url(plan.level, i) for i in request.images]
         return [self._served(plan.level, i, request.index) for i in request.images]
 
-    def _served(self, level: int, image: int, index: int) -> str:
+    def _served(self, level: int, image: int, index: int) -> Url:
         fmt = self.workload.image_format
         suffix = f"-r{index}" if self.options.vary_urls else ""
         name = f"{self.workload.seed}-{level}-{image}{suffix}.{fmt}"
         self.names.setdefault(level, []).append(name)
-        return self.server.add(name, self.workload.image_file(level, image), IMAGE_FORMATS[fmt])
+        return json_text(self.server.add(name, self.workload.image_file(level, image),
+                                         IMAGE_FORMATS[fmt]))
 
     def planned(self, plan: LevelPlan) -> tuple[int, int]:
         """The http fetches of the level and their bytes: one per http image sent (a server

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from mmscope import stages
 from mmscope.load import epd, media_urls, series, ttft_parts
+from mmscope.load.fleet import Shard
+from mmscope.load.readings import ONE_PAGE
 from mmscope.load.sweep import LevelResult
 
 
@@ -17,13 +19,15 @@ TTFT_TITLE = ("time to first token by part, server side, p50 / p90 ms (mean in -
               "hit: the encoder ran for none of the request's items")
 MEDIA_TITLE = ("media by source: the server's fetch and decode (mean ms per item), bytes, fetches "
                "its processor cache made pointless, against the TTFT of the requests sent that way")
+INSTANCES_TITLE = ("each instance's share: requests and time to first token (vLLM's, p50 / p90 "
+                   "ms), encoder-cache counts")
 TTFT_OFF = ("time to first token by part: the server splits none "
             "(start it with MMSCOPE_TTFT_PARTS=1 in its environment)")
 
 
 @dataclass(frozen=True)
 class RunInfo:
-    url: str
+    urls: tuple[str, ...]
     model: str
     seed: int
     requests: int
@@ -34,6 +38,9 @@ class RunInfo:
     prefix: bool = False  # the prefix plan (whole requests repeated, images first)
     media: media_urls.MediaOptions = media_urls.MediaOptions()
     image_format: str = "png"
+    shard: Shard = Shard(0)
+    lanes: int = 1
+    counters: str = ONE_PAGE
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -100,9 +107,28 @@ def _mean(total: float, count: float) -> float | None:
     return total / count if count else None
 
 
+def instances_json(level: LevelResult) -> dict:
+    """Each instance's share of the level: its requests (as vLLM counts them) and their time to
+    first token, its planned hits where the client chose it, its encoder-cache counts."""
+    spread = level.spread or {}
+    out = {}
+    for instance, delta in level.deltas.items():
+        counts = {name: int(round(delta.get(key, 0.0))) for name, key in series.SHARES}
+        requests = delta.get(f"{series.VLLM_TTFT}_count")
+        part = spread.get(instance)
+        out[instance] = {
+            "requests": None if requests is None else int(round(requests)),
+            "planned_hits": None if part is None else part.planned_hits,
+            **counts, "hit_rate": _rate(counts["hits"], counts["queries"]),
+            "capacity_embeds": level.capacities.get(instance),
+            "ttft_ms": ttft_parts.summary(delta, series.VLLM_TTFT)}
+    return out
+
+
 def level_json(level: LevelResult) -> dict:
     plan, seen, verdict = level.plan, level.observed, level.verdict
     e2e = [r.timing.e2e_s for r in level.results]
+    routed = level.routed
     return {
         "reuse": plan.reuse, "requests": len(plan.requests), "images": plan.images,
         "distinct_images": plan.distinct, "planned_hits": plan.planned_hits,
@@ -128,13 +154,18 @@ def level_json(level: LevelResult) -> dict:
         "e2e_ms": {f"p{q}": _ms(percentile(e2e, q)) for q in (50, 90)},
         "wall_s": round(level.wall_s, 3),
         "throughput_rps": round(len(level.results) / level.wall_s, 3) if level.wall_s else None,
+        "build_s": round(level.build_s, 3),
+        "instances": instances_json(level),
+        "router": None if routed is None else routed.json(),
         "verdict": {"status": verdict.status, "text": verdict.text},
         **({"pd_instance": pd} if (pd := epd.pd_counts(level.delta)) is not None else {}),
     }
 
 
 def run_json(info: RunInfo, levels: list[LevelResult]) -> dict:
-    return {"url": info.url, "model": info.model, "seed": info.seed,
+    return {"urls": list(info.urls), "model": info.model, "seed": info.seed,
+            "shard": {"part": info.shard.index + 1, "of": info.shard.count, "lanes": info.lanes},
+            "counters": info.counters,
             "requests_per_level": info.requests, "images_per_request": info.images_per_request,
             "concurrency": info.concurrency, "image_size": list(info.image_size),
             "embeds_per_image": info.embeds_per_image, "prefix_plan": info.prefix,
@@ -150,11 +181,25 @@ def header(info: RunInfo, levels: list[LevelResult]) -> str:
     capacity = next((lv.capacity_embeds for lv in levels if lv.capacity_embeds), None)
     embeds = f"{info.embeds_per_image} embeds" if info.embeds_per_image else "unknown embeds"
     cache = f"{capacity} embeds" if capacity else "unknown"
-    return (f"mmscope load: {info.url}, model {info.model}, seed {info.seed}\n"
+    return (f"mmscope load: {', '.join(info.urls)}, model {info.model}, seed {info.seed}\n"
             f"per level: {_count(info.requests, 'request')} of "
             f"{_count(info.images_per_request, 'image')}, concurrency {info.concurrency}; "
             f"{width}x{height} {info.image_format} images ({embeds} each); encoder cache {cache}"
-            f"\nimages sent as {_media_line(info.media)}")
+            f"\nimages sent as {_media_line(info.media)}" + _fleet_line(info, levels))
+
+
+def _fleet_line(info: RunInfo, levels: list[LevelResult]) -> str:
+    """Where a run of several instances or shards sent its requests and read its counters."""
+    if len(info.urls) == 1 and info.shard.count == 1 and info.counters == ONE_PAGE:
+        return ""
+    parts = []
+    if info.shard.count > 1:
+        sent = len(levels[0].plan.requests) if levels else 0
+        parts.append(f"shard {info.shard.index + 1} of {info.shard.count} ({sent} of each "
+                     f"level's {info.requests} requests, {info.lanes} lanes in all)")
+    if len(info.urls) > 1:
+        parts.append(f"the plan spread over {len(info.urls)} URLs, each image to one")
+    return "\n" + "; ".join([*parts, f"counters from {info.counters}"])
 
 
 def _media_line(options: media_urls.MediaOptions) -> str:
@@ -182,6 +227,8 @@ def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> No
         tables.append((TTFT_TITLE, _ttft_table(rows)))
     if any(r["media"]["by_source"] for r in rows):
         tables.append((MEDIA_TITLE, _media_table(rows)))
+    if any(len(r["instances"]) > 1 for r in rows):
+        tables.append((INSTANCES_TITLE, _instances_table(rows)))
     for title, table in tables:
         console.print(title, highlight=False)
         console.print(table)
@@ -278,6 +325,23 @@ def _media_table(rows: list[dict]):
                           f"{m['redundant_fetches']} ({_num(m['redundant_ms'], '{:.0f}')} ms)"
                           if m["redundant_fetches"] else "0",
                           str(m["failed"]), _pair(m["ttft_ms"]["p50"], m["ttft_ms"]["p90"]))
+    return table
+
+
+def _instances_table(rows: list[dict]):
+    from rich.table import Table
+
+    table = Table()
+    for name in ("reuse", "instance", "requests", "TTFT p50/p90 ms", "planned hits",
+                 *(name for name, _ in series.SHARES), "hit rate"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        for instance, share in r["instances"].items():
+            t = share["ttft_ms"]
+            table.add_row(f"{r['reuse']:g}", instance, _num(share["requests"]),
+                          _pair(t["p50_ms"], t["p90_ms"]), _num(share["planned_hits"]),
+                          *(str(share[name]) for name, _ in series.SHARES),
+                          _percent(share["hit_rate"]))
     return table
 
 

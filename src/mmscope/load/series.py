@@ -90,4 +90,9 @@ MEDIA_FAILED = "mm_media_failed_fetches"
 MEDIA_REDUNDANT = "mm_media_redundant_fetches"
 MEDIA_REDUNDANT_S = "mm_media_redundant_fetch_seconds"
 STAGES = "mm_stage_duration_seconds"
-READ_HISTOGRAMS = (*HISTOGRAMS, STAGES)  # what a level reads of /metrics
+
+# vLLM's own time to first token, per request: each instance's share of a fleet run shows it.
+VLLM_TTFT = "time_to_first_token_seconds"
+READ_HISTOGRAMS = (*HISTOGRAMS, STAGES, VLLM_TTFT)  # what a level reads of /metrics
+# Each instance's share of a level (another counter family can join as a row).
+SHARES = (("queries", QUERIES), ("hits", HITS), ("misses", MISSES), ("evictions", EVICTIONS))

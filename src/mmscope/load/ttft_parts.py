@@ -13,7 +13,7 @@ from mmscope.expose.readout import histogram_quantile
 from mmscope.load import series
 
 OUTCOMES = ("hit", "miss")
-_KEY = re.compile(r"^(?P<name>\w+)_(?P<kind>bucket|sum|count)\{(?P<labels>[^}]*)\}$")
+_KEY = re.compile(r"^(?P<name>\w+)_(?P<kind>bucket|sum|count)(?:\{(?P<labels>[^}]*)\})?$")
 
 
 def _by_series(delta: dict[str, float], name: str) -> dict[tuple, dict]:
@@ -23,7 +23,7 @@ def _by_series(delta: dict[str, float], name: str) -> dict[tuple, dict]:
         m = _KEY.match(key)
         if m is None or m["name"] != name:
             continue
-        labels = dict(kv.split("=", 1) for kv in m["labels"].split(","))
+        labels = dict(kv.split("=", 1) for kv in m["labels"].split(",")) if m["labels"] else {}
         entry = found[(labels.get("encoder_cache"), labels.get("part"))]
         if m["kind"] == "bucket":
             entry["buckets"][float(labels["le"])] = value
@@ -39,6 +39,12 @@ def _summary(entry: dict | None) -> dict[str, float | None]:
     return {"mean_ms": ms(entry["sum"] / entry["count"]),
             "p50_ms": ms(histogram_quantile(0.5, entry["buckets"])),
             "p90_ms": ms(histogram_quantile(0.9, entry["buckets"]))}
+
+
+def summary(delta: dict[str, float], name: str) -> dict[str, float | None]:
+    """Mean, p50 and p90 ms of a histogram without labels of its own (vLLM's time to first
+    token) over a level."""
+    return _summary(_by_series(delta, name).get((None, None)))
 
 
 def split(delta: dict[str, float], client_ttft_s: list[float]) -> dict:

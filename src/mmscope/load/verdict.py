@@ -3,6 +3,8 @@ cache's capacity explains the difference.
 
 The cache-size model (vLLM's eviction rule), fed the plan in order, estimates the hits capacity
 allows; the evictions counter bounds what capacity can explain (each lost hit needs an eviction).
+Where a router spread the requests, repeats that reached instances without their image explain
+the rest, down to the fewest hits any router gives.
 """
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from dataclasses import dataclass
 
 from mmscope.cache_size import model
 from mmscope.cache_size.trace import FREE, MISS
+from mmscope.load.fleet import Bounds
 from mmscope.load.plan import LevelPlan
 
-MATCH, EXPLAINED, UNEXPLAINED, EXCESS = "match", "explained", "unexplained", "excess"
+MATCH, EXPLAINED, ROUTED, UNEXPLAINED, EXCESS = ("match", "explained", "routed", "unexplained",
+                                                 "excess")
 
 
 @dataclass(frozen=True)
@@ -53,14 +57,11 @@ def lru_hits(plan: LevelPlan, capacity_embeds: int, embeds_per_image: int) -> in
     return int(((reach > 0) & (reach <= capacity_embeds)).sum())
 
 
-def capacity_allows(plan: LevelPlan, seen: Observed) -> int | None:
-    if not seen.capacity_embeds or not seen.embeds_per_image:
-        return None
-    return lru_hits(plan, seen.capacity_embeds, seen.embeds_per_image)
-
-
-def judge(plan: LevelPlan, seen: Observed) -> Verdict:
-    """Repeats spared the encoder by a hit or by the prefix cache, against the plan's repeats."""
+def judge(plan: LevelPlan, seen: Observed, allows: int | None = None,
+          routed: Bounds | None = None) -> Verdict:
+    """Repeats spared the encoder by a hit or by the prefix cache, against the plan's repeats.
+    `allows`: the hits an LRU of the capacity gives the plan; `routed`: the bounds of the router
+    that spread the requests, where the client did not."""
     planned = plan.planned_hits
     shortfall = planned - seen.avoided
     spared = f" ({seen.hits} hits, {seen.prefix_covered} prefix-covered)" if seen.prefix_covered \
@@ -74,17 +75,20 @@ def judge(plan: LevelPlan, seen: Observed) -> Verdict:
                                 "--seed")
     elif shortfall <= seen.evictions:
         status, text = EXPLAINED, (f"{share}; shortfall explained by capacity "
-                                   f"({_capacity(plan, seen)})")
+                                   f"({_capacity(seen, allows)})")
+    elif routed is not None and seen.avoided + seen.evictions >= routed.fewest:
+        status, text = ROUTED, (f"{share}; shortfall explained by the router: repeats reached "
+                                "instances that had not seen their image")
     else:
         unexplained = shortfall - seen.evictions
         status, text = UNEXPLAINED, (f"{share}; {unexplained} hits missing that capacity does not "
-                                     f"explain ({_capacity(plan, seen)})")
-    return Verdict(status, text + _queries_note(plan, seen))
+                                     f"explain ({_capacity(seen, allows)})")
+    fleet = f"; {routed.text()}" if routed is not None else ""
+    return Verdict(status, text + fleet + _queries_note(plan, seen))
 
 
-def _capacity(plan: LevelPlan, seen: Observed) -> str:
+def _capacity(seen: Observed, allows: int | None) -> str:
     size = f"capacity {seen.capacity_embeds} embeds" if seen.capacity_embeds else "capacity unknown"
-    allows = capacity_allows(plan, seen)
     lru = f"; an LRU of that size allows {allows} hits" if allows is not None else ""
     return f"{seen.evictions} evictions, {size}{lru}"
 

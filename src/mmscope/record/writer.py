@@ -25,8 +25,10 @@ NVTX_COLUMNS = ["start", "end", "eventType", "rangeId", "category", "color", "te
                 "eventId"]
 REAL_COLUMNS = {"doubleValue", "floatValue"}
 # The file is written once by one process and replaced into place only when complete, so
-# SQLite's journal and syncing guard nothing here.
-PRAGMAS = ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE", "cache_size=-262144")
+# SQLite's journal and syncing guard nothing here; large pages split the table's b-tree less
+# (a tenth of the insert time, measured).
+PRAGMAS = ("page_size=65536", "journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE",
+           "cache_size=-262144")
 
 
 @dataclass
@@ -173,31 +175,31 @@ class Columns:
             return 0, {}
         starts = [p["start"][0] for p in self.parts]
         start = np.concatenate(starts) if len(starts) > 1 else starts[0]
-        place = None
+        order = None
         if not bool(np.all(start[1:] >= start[:-1])):
-            place = np.empty(n, np.int64)  # where each row lands: one scatter a column
-            place[np.argsort(start, kind="stable")] = np.arange(n)
-        out = {name: self._placed(name, n, place) for name in NVTX_COLUMNS
+            # Rows by start: one gather a column (its parts laid end to end, then taken in
+            # order), which mostly reads memory in sequence.
+            order = np.argsort(start, kind="stable")
+        out = {name: self._ordered(name, n, order) for name in NVTX_COLUMNS
                if any(name in p for p in self.parts)}
         self.parts = []
         return n, out
 
-    def _placed(self, name: str, n: int, place: np.ndarray | None):
+    def _ordered(self, name: str, n: int, order: np.ndarray | None):
         dtype = np.float64 if name in REAL_COLUMNS else np.int32 if name in self.INT32 else np.int64
-        if len(self.parts) == 1 and place is None:  # the common case: no copy of large columns
+        if len(self.parts) == 1 and order is None:  # the common case: no copy of large columns
             v, m = self.parts[0][name]
             return np.asarray(v).astype(dtype, copy=False), m
-        values, null, offset = np.zeros(n, dtype), None, 0
-        for p in self.parts:
-            rows = slice(offset, offset + p["_n"])
-            target = rows if place is None else place[rows]
-            offset = rows.stop
-            v, m = p.get(name, (None, None))
-            if v is not None:
-                values[target] = v
-            if v is None or m is not None:
-                null = np.zeros(n, bool) if null is None else null
-                null[target] = True if v is None else m
+        values = np.concatenate([np.asarray(p[name][0]).astype(dtype, copy=False) if name in p
+                                 else np.zeros(p["_n"], dtype) for p in self.parts])
+        null = None
+        if any(name not in p or p[name][1] is not None for p in self.parts):
+            null = np.concatenate([np.ones(p["_n"], bool) if name not in p else
+                                   np.zeros(p["_n"], bool) if p[name][1] is None else p[name][1]
+                                   for p in self.parts])
+        if order is not None:
+            values = values[order]
+            null = None if null is None else null[order]
         return values, null
 
 

@@ -1,0 +1,228 @@
+"""The device side of a profile: each GPU op (kernel, memcpy, memset) with the runtime call that
+launched it, and per range its device time, as nsys' `nvtx_gpu_proj_trace` projects a range.
+
+A range's GPU work is what the runtime calls made on its thread while it was open launched (its
+children's too); `device_ns` runs from the first op's start to the last op's end, `kernel_ns`
+adds up the ops' durations (docs/design.md §6). A torch trace states a range's span itself (its
+`gpu_user_annotation`): there that span is the range's own, and the fold takes the children's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from mmscope.analyze.ranges.nesting import offsets, position_type, walk_of
+
+NONE = -1  # no device work: first and last of a range without ops
+_UNSET = np.iinfo(np.int64).max  # first while it is computed: min() takes any start over it
+TOP_KERNELS = 5  # the kernels shown under each stage
+
+
+@dataclass
+class DeviceWork:
+    """Per GPU op: the launching call's thread (the range table's key) and start; the op's
+    start, end, name (into `names`) and stream (into `streams`, "GPU 0 stream 7"). `spans`: a
+    torch trace's device span per range row (rows, first, last), None where the ops give it."""
+
+    thread: np.ndarray
+    call_start: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    name: np.ndarray
+    stream: np.ndarray
+    names: list[str]
+    streams: list[str]
+    source: str
+    spans: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+def from_columns(cols: dict, names: list[str], streams: list[str], source: str,
+                 spans=None) -> DeviceWork:
+    as64 = {k: np.asarray(cols[k], np.int64) for k in ("thread", "call_start", "start", "end")}
+    return DeviceWork(**as64, name=np.asarray(cols["name"], np.int32),
+                      stream=np.asarray(cols["stream"], np.int32), names=names,
+                      streams=streams, source=source, spans=spans)
+
+
+@dataclass
+class PerRange:
+    """Per table row: device_ns (the last op's end less the first op's start; NONE: no device
+    work), kernel_ns and ops, the children's work included; `owners`, per nesting group, per
+    op: the innermost range of that group that launched it (-1: none)."""
+
+    device_ns: np.ndarray
+    kernel_ns: np.ndarray
+    ops: np.ndarray
+    owners: list[np.ndarray]
+
+
+@njit(cache=True, nogil=True)
+def _by_group(walk, group, n_groups):
+    """The rows of each nesting group in nesting order: rows[off[g]:off[g + 1]]."""
+    off = offsets(group, n_groups)
+    at = off[:n_groups].copy()
+    rows = np.empty(len(walk), walk.dtype)
+    for k in range(len(walk)):
+        i = walk[k]
+        rows[at[group[i]]] = i
+        at[group[i]] += 1
+    return rows, off
+
+
+@njit(cache=True, nogil=True)
+def _owners(op_thread, call_start, rows, off, start, end, parent, n_subs, owners):
+    """owners[s, j]: the innermost range of (domain, kind) pair s on op j's call thread (an
+    index into the table's threads, -1: none) open when the call started: the last range of that
+    group starting at or before it, or the first up its parent chain ending after it. Ops come
+    mostly in time order per thread: each group's search goes on from where the last stopped."""
+    n_groups = len(off) - 1
+    pos = off[:n_groups] - 1  # per group: the last row starting at or before the last call
+    last_call = np.full(n_groups, np.iinfo(np.int64).min, np.int64)
+    for j in range(len(op_thread)):
+        t = op_thread[j]
+        c = call_start[j]
+        for s in range(n_subs):
+            if t < 0:
+                owners[s, j] = -1
+                continue
+            g = t * n_subs + s
+            lo, hi = off[g], off[g + 1]
+            if c < last_call[g]:  # back in time: search the group from its start
+                a, b = lo, hi
+                while a < b:
+                    m = (a + b) // 2
+                    if start[rows[m]] <= c:
+                        a = m + 1
+                    else:
+                        b = m
+                pos[g] = a - 1
+            else:
+                while pos[g] + 1 < hi and start[rows[pos[g] + 1]] <= c:
+                    pos[g] += 1
+            last_call[g] = c
+            r = rows[pos[g]] if pos[g] >= lo else -1
+            while r >= 0 and end[r] <= c:
+                r = parent[r]
+            owners[s, j] = r
+
+
+@njit(cache=True, nogil=True)
+def _project(owners, op_start, op_end, use_ops, walk, parent, first, last, kernel, ops):
+    """Each op's time to its owners (in every pair), its span where `use_ops`; then children
+    into parents, deepest first (the reverse of nesting order)."""
+    for s in range(owners.shape[0]):
+        for j in range(owners.shape[1]):
+            r = owners[s, j]
+            if r < 0:
+                continue
+            kernel[r] += op_end[j] - op_start[j]
+            ops[r] += 1
+            if use_ops:
+                first[r] = min(first[r], op_start[j])
+                last[r] = max(last[r], op_end[j])
+    for k in range(len(walk) - 1, -1, -1):
+        i = walk[k]
+        p = parent[i]
+        if p < 0 or (ops[i] == 0 and first[i] == _UNSET):
+            continue
+        kernel[p] += kernel[i]
+        ops[p] += ops[i]
+        if first[i] != _UNSET:
+            first[p] = min(first[p], first[i])
+            last[p] = max(last[p], last[i])
+
+
+def per_range(table) -> PerRange:
+    """Each op given to the innermost range of its call's thread open when the call started (in
+    every nesting group of that thread: NVTX domains, push/pop and start/end apart; a range on
+    the call's thread closes after the calls made in it return), then summed up the parent
+    chains. A range ending on another thread gets none of its own (as nsys leaves it
+    out), though its work still counts for the ranges around it."""
+    work = table.device
+    n = len(table)
+    walk = walk_of(n, table.order)
+    rows, off = _by_group(walk, table.group, len(table.threads) * table.n_subs)
+    at = np.searchsorted(table.threads, work.thread)
+    found = (at < len(table.threads)) & (table.threads[np.minimum(at, len(table.threads) - 1)]
+                                         == work.thread)
+    op_thread = np.where(found, at, -1)
+    owners = np.empty((table.n_subs, len(work)), position_type(n))
+    _owners(op_thread, work.call_start, rows, off, table.start, table.end, table.parent,
+            table.n_subs, owners)
+    del rows, off, op_thread
+    first, last = np.full(n, _UNSET, np.int64), np.full(n, NONE, np.int64)
+    kernel_ns, ops = np.zeros(n, np.int64), np.zeros(n, np.int32)
+    if work.spans is not None:
+        span_rows, span_first, span_last = work.spans
+        np.minimum.at(first, span_rows, span_first)
+        np.maximum.at(last, span_rows, span_last)
+    _project(owners, work.start, work.end, work.spans is None, walk, table.parent, first, last,
+             kernel_ns, ops)
+    none = first == _UNSET
+    if table.end_thread is not table.thread:
+        none |= table.end_thread != table.thread
+    last -= first  # the span, in place (these columns are long)
+    last[none] = NONE
+    return PerRange(device_ns=last, kernel_ns=kernel_ns, ops=ops, owners=list(owners))
+
+
+def kernels_by_stage(work: DeviceWork, owners: list[np.ndarray], nodes, node_of_row: np.ndarray,
+                     top: int = TOP_KERNELS) -> dict[int, list[dict]]:
+    """Per stage id, its `top` kernels by time: name, count, total_ns. An op counts under every
+    range that holds it (its launcher and the launcher's ancestors, in each nesting group), as
+    nsys' nvtx_kern_sum: under each node of its launcher's path in the stage tree (nodes:
+    tree.Nodes)."""
+    sums: dict[tuple[int, int], list[int]] = {}
+    for owner in owners:
+        _add_kernels(sums, work, owner, nodes, node_of_row)
+    out: dict[int, list[dict]] = {}
+    for (stage, name_id), (t_, c_) in sorted(sums.items(), key=lambda kv: (kv[0][0], -kv[1][0])):
+        got = out.setdefault(stage, [])
+        if len(got) < top:
+            got.append({"name": work.names[name_id], "count": c_, "total_ns": t_})
+    return out
+
+
+def _add_kernels(sums: dict, work: DeviceWork, owner: np.ndarray, nodes,
+                 node_of_row: np.ndarray) -> None:
+    """(stage, name) -> [time, count] of one nesting group's ops, up their owners' paths."""
+    has = owner >= 0
+    if not has.any():
+        return
+    n_names = len(work.names)
+    key = node_of_row[owner[has]].astype(np.int64) * n_names + work.name[has]
+    duration = (work.end - work.start)[has]
+    if len(nodes) * n_names <= max(4 * len(key), 1 << 16):  # few pairs: a count per pair
+        # float64 adds integer nanoseconds exactly below 2**53 ns (104 days) a pair.
+        total = np.bincount(key, weights=duration, minlength=len(nodes) * n_names)
+        count = np.bincount(key, minlength=len(nodes) * n_names)
+        groups = np.flatnonzero(count)
+        total, count = total[groups].astype(np.int64), count[groups]
+    else:
+        groups, inverse = np.unique(key, return_inverse=True)
+        total = np.bincount(inverse, weights=duration).astype(np.int64)
+        count = np.bincount(inverse)
+    del key, duration
+    node, name = groups // n_names, groups % n_names
+    while len(node):  # up the stage tree: few (node, name) pairs, whatever the ops
+        for s_, n_, t_, c_ in zip(nodes.stage[node].tolist(), name.tolist(), total.tolist(),
+                                  count.tolist()):
+            acc = sums.setdefault((s_, n_), [0, 0])
+            acc[0] += t_
+            acc[1] += c_
+        node = nodes.parent[node]
+        keep = node >= 0
+        node, name, total, count = node[keep], name[keep], total[keep], count[keep]
+
+
+def streams(work: DeviceWork) -> list[dict]:
+    """Per device stream: its name, ops and their summed time."""
+    ops = np.bincount(work.stream, minlength=len(work.streams))
+    busy = np.bincount(work.stream, weights=work.end - work.start, minlength=len(work.streams))
+    return [{"stream": name, "ops": int(ops[i]), "kernel_ns": int(busy[i])}
+            for i, name in enumerate(work.streams) if ops[i]]

@@ -1,0 +1,349 @@
+"""The range table every loader produces and every computation reads, and the nesting that fills it.
+
+One row per NVTX range or mark (or Chrome event); names are ids into a small canonical-name list.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from mmscope import stages
+from mmscope.analyze.ranges.nesting import NO_PARENT, dense_codes, depths, nest, position_type
+
+PUSH_POP, START_END, MARK = 0, 1, 2
+KIND_NAMES = ("push_pop", "start_end", "mark")
+
+
+@dataclass
+class RangeTable:
+    """Columns (numpy, one entry per range, in file order) plus the small lookup lists.
+
+    `name_id` indexes `names` (canonical spellings, see `stages.canonical`); `domain_id` indexes
+    `domains` ("" is the default domain); `thread` is nsys' globalTid (pid << 24 | tid); `parent`
+    is the row index of the enclosing range or -1; `unclosed` rows had no end (their end is the
+    profile's last timestamp, as nsys' own reports do); `crossing` holds the rows that overlap
+    an earlier range of their thread partly (neither contains the other: not nested, one level);
+    `slack_ns` is how far a child may end after its parent and still nest (the format's time
+    resolution); `device` the GPU work the ranges launched (None: the profile has no device side,
+    `no_device` says why); `group` each row's nesting group, thread index (into `threads`, the
+    distinct threads ascending) * `n_subs` + its (domain, kind) index, and `order` the rows in
+    nesting order (None: row order is it). Every row is a stage: a range a program
+    named.
+    """
+
+    name_id: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    kind: np.ndarray
+    thread: np.ndarray
+    end_thread: np.ndarray
+    domain_id: np.ndarray
+    unclosed: np.ndarray
+    parent: np.ndarray
+    names: list[str]
+    domains: list[str] = field(default_factory=lambda: [""])
+    thread_names: dict[int, str] = field(default_factory=dict)
+    process_names: dict[int, str] = field(default_factory=dict)
+    source: str = ""
+    clock: str = ""
+    crossing: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    slack_ns: int = 0
+    device: object = None  # device.DeviceWork
+    no_device: str = ""
+    group: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    threads: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    n_subs: int = 1
+    order: np.ndarray | None = None
+    malformed: object = None  # readers.malformed.Skipped: the events the reader skipped
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @property
+    def depth(self) -> np.ndarray:
+        """Each range's number of ancestors (computed on first use: the analysis needs none)."""
+        if "depth" not in self._cache:
+            self._cache["depth"] = depths(self.parent, self.order)
+        return self._cache["depth"]
+
+    @property
+    def duration(self) -> np.ndarray:
+        return self.end - self.start
+
+    @property
+    def process(self) -> np.ndarray:
+        return (self.thread >> 24) & 0xFFFFFF
+
+    def ids_of(self, *wanted: str) -> np.ndarray:
+        """The name ids of these catalogue names (absent names are skipped)."""
+        if "index" not in self._cache:
+            self._cache["index"] = {n: i for i, n in enumerate(self.names)}
+        index = self._cache["index"]
+        return np.array([index[n] for n in wanted if n in index], dtype=np.int64)
+
+    def rows_named(self, *wanted: str) -> np.ndarray:
+        """Row indices of the ranges with one of these names, in file order."""
+        key = ("names",) + wanted
+        if key not in self._cache:
+            self._cache[key] = self.rows_with_ids(self.ids_of(*wanted))
+        return self._cache[key]
+
+    def find_rows(self, *groups: tuple[str, ...], id_sets: dict | None = None) -> None:
+        """rows_named for each of these name groups at once, in one lookup per row; later
+        rows_named calls find them. `id_sets`: {cache key: name ids} of more sets, their rows
+        cached under those keys (a name in two sets: those sets are looked up on their own)."""
+        keys = [("names",) + g for g in groups if ("names",) + g not in self._cache]
+        sets = {key: self.ids_of(*key[1:]) for key in keys}
+        sets.update((k, v) for k, v in (id_sets or {}).items() if k not in self._cache)
+        # Few slots: 8 bits, which numpy's stable sort orders by radix, in one pass.
+        slot_of = np.full(len(self.names), -1, np.int8 if len(sets) < 127 else np.int32)
+        slots = []
+        for key, ids in sets.items():
+            if (slot_of[ids] >= 0).any():
+                continue
+            slot_of[ids] = len(slots)
+            slots.append(key)
+        if not slots:
+            return
+        slot = slot_of[self.name_id]
+        rows = np.flatnonzero(slot >= 0)
+        order = np.argsort(slot[rows], kind="stable")
+        bounds = np.searchsorted(slot[rows][order], np.arange(len(slots) + 1))
+        rows = rows.astype(position_type(len(self)), copy=False)
+        for j, key in enumerate(slots):
+            self._cache[key] = rows[order[bounds[j]:bounds[j + 1]]]
+
+    def rows_with_ids(self, ids: np.ndarray) -> np.ndarray:
+        """Row indices whose name id is one of `ids` (a lookup per row, however many ids)."""
+        if len(ids) == 0:
+            return np.zeros(0, dtype=np.int64)
+        if len(ids) == 1:
+            return np.flatnonzero(self.name_id == ids[0])
+        wanted = np.zeros(len(self.names), dtype=bool)
+        wanted[ids] = True
+        return np.flatnonzero(wanted[self.name_id])
+
+    def name_of(self, row: int) -> str:
+        return self.names[int(self.name_id[row])]
+
+    def data_frame(self):
+        """The table as a polars DataFrame with string names (for small tables: tests, CSV)."""
+        import polars as pl
+
+        names = pl.Series("name", self.names, dtype=pl.String)
+        domains = pl.Series("domain", self.domains, dtype=pl.String)
+        return pl.DataFrame({
+            "name": names.gather(self.name_id),
+            "start": self.start, "end": self.end, "duration": self.duration,
+            "kind": pl.Series(KIND_NAMES).gather(self.kind.astype(np.int64)),
+            "process": self.process, "thread": self.thread,
+            "end_thread": self.end_thread, "domain": domains.gather(self.domain_id),
+            "unclosed": self.unclosed, "depth": self.depth, "parent": self.parent,
+        })
+
+
+def canonical_names(raw: list[str], used: np.ndarray) -> tuple[dict[str, int], np.ndarray]:
+    """{canonical name: id} of the raw names in use, in their order, and the map raw id ->
+    canonical id (-1: not in use). One lookup per distinct name, none per row."""
+    index: dict[str, int] = {}
+    canonical = stages.canonical
+    mapping = np.full(len(raw), -1, np.int32)
+    at = np.flatnonzero(used[:len(raw)])
+    # One list, then one array: a numpy item assignment per name costs more than the lookup.
+    mapping[at] = [index.setdefault(canonical(raw[i]), len(index)) for i in at.tolist()]
+    return index, mapping
+
+
+def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
+          domain_id=None, domains=None, thread_names=None, process_names=None,
+          source: str = "", clock: str = "", slack_ns: int = 0) -> RangeTable:
+    """A RangeTable from loader columns; `end` < `start` marks a missing end (NULL in nsys).
+    `slack_ns`: the format's time resolution (see nesting.nest)."""
+    start = np.asarray(start, dtype=np.int64)
+    end = np.asarray(end, dtype=np.int64)
+    kind = np.asarray(kind, dtype=np.int8)
+    thread = np.asarray(thread, dtype=np.int64)
+    n = len(start)
+    # Columns are never written after build: where every range ends on its own thread, the two
+    # columns can be one array.
+    end_thread = thread if end_thread is None else np.asarray(end_thread, dtype=np.int64)
+    domain_id = np.zeros(n, np.int32) if domain_id is None else np.asarray(domain_id, np.int32)
+    end, unclosed = _close(start, end, kind)
+    name_id = np.asarray(name_id)
+    used = np.bincount(name_id, minlength=len(raw_names)) > 0 if n else np.zeros(0, bool)
+    index, mapping = canonical_names(raw_names, used)
+    name_id = mapping[name_id] if n else np.zeros(0, np.int32)
+    group, threads, n_subs = nesting_groups(thread, domain_id, kind)
+    parent, crossing, order = nest(group, start, end, len(threads) * n_subs, slack_ns)
+    # NVTX lets start/end ranges overlap (concurrent media fetches on one thread): no crossing.
+    crossing = crossing[kind[crossing] != START_END].astype(np.int64)
+    return RangeTable(
+        name_id=name_id,
+        start=start, end=end, kind=kind, thread=thread, end_thread=end_thread,
+        domain_id=domain_id, unclosed=unclosed, parent=parent, names=list(index),
+        domains=list(domains or [""]), thread_names=dict(thread_names or {}),
+        process_names=dict(process_names or {}), source=source, clock=clock,
+        crossing=crossing, slack_ns=slack_ns, group=group, threads=threads, n_subs=n_subs,
+        order=order,
+        _cache={"index": index})  # ids_of's lookup, which profiles with many names pay for
+
+
+def nesting_groups(thread: np.ndarray, domain_id: np.ndarray, kind: np.ndarray):
+    """Per row its nesting group (thread, domain, and start/end ranges apart from push/pop
+    stacks: they overlap freely), the distinct threads, and the number of (domain, kind)
+    pairs: group = thread index * n_subs + pair index."""
+    t, threads = dense_codes(thread)
+    sub = (domain_id.astype(np.int64) << 1) | (kind == START_END)
+    if not sub.any():
+        return t, threads, 1
+    s, subs = dense_codes(sub)
+    group = t.astype(np.int64) * len(subs) + s
+    return group.astype(position_type(len(threads) * len(subs))), threads, len(subs)
+
+
+def _close(start: np.ndarray, end: np.ndarray, kind: np.ndarray):
+    """Marks end where they start; other missing ends become the last timestamp (unclosed)."""
+    missing = end < start
+    marks = kind == MARK
+    if not missing.any() and not marks.any():
+        return end, missing
+    end = end.copy()
+    end[marks] = start[marks]
+    unclosed = missing & ~marks
+    if unclosed.any():
+        last = max(int(start.max()), int(end[~missing].max()) if (~missing).any() else 0)
+        end[unclosed] = last
+    return end, unclosed
+
+
+def nest_with_crossings(thread: np.ndarray, sub: np.ndarray, start: np.ndarray,
+                        end: np.ndarray, slack: int = 0):
+    """Depth, parent row, and the rows that cross an earlier range, per (thread, sub) group.
+
+    Rule (the oracle of tests/unit/test_analysis_nesting.py): order the group by (start,
+    longest first, row); `p` contains `c` when p has positive length, p.start <= c.start < p.end
+    and c.end <= p.end + slack (a format that rounds its times can put a child's end just
+    after its parent's); the parent of `c` is the last range before it in that order that
+    contains it. Ranges that overlap partly are not nested: each keeps the parent that contains
+    it, and the later one is listed as crossing (an earlier sibling ends more than `slack`
+    inside it). A zero-length range is a leaf, and at a parent's end it lies outside it; of two
+    equal ranges the earlier row is the parent.
+    """
+    start = np.asarray(start, np.int64)
+    end = np.asarray(end, np.int64)
+    t, t_keys = dense_codes(thread)
+    s, s_keys = dense_codes(sub)
+    group = t.astype(np.int64) * max(len(s_keys), 1) + s
+    parent, crossing, order = nest(group, start, end, max(len(t_keys) * len(s_keys), 1), slack)
+    return depths(parent, order), parent, crossing.astype(np.int64)
+
+
+def group_index(thread: np.ndarray, sub: np.ndarray | None = None) -> np.ndarray:
+    """A dense id per (thread, sub) pair, or per thread; profiles have few threads, so lookups
+    are cheap."""
+    t_keys = distinct(thread)
+    s_keys = distinct(sub) if sub is not None else t_keys[:1]
+    g = np.searchsorted(t_keys, thread)
+    if len(s_keys) > 1:
+        g *= len(s_keys)
+        g += np.searchsorted(s_keys, sub)
+    # The narrowest type: a quarter of the memory, and a radix sort in packed_order.
+    for narrow in (np.int16, np.int32):
+        if len(t_keys) * len(s_keys) <= np.iinfo(narrow).max:
+            return g.astype(narrow)
+    return g
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """np.unique(values) without sorting them all: a value's rows come in runs (a profile
+    writes a thread's ranges together), and the distinct values are those of the runs' heads."""
+    if len(values) == 0:
+        return values[:0]
+    heads = np.flatnonzero(values[1:] != values[:-1])
+    return np.unique(np.concatenate([values[:1], values[heads + 1]]))
+
+
+def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray, pad: int = 0):
+    """(group, time) packed into one int64, so that one sort or search serves every group;
+    times count from `pad` within a group (a key less up to `pad` stays in its group)."""
+    t0 = int(s.min()) - pad
+    bits = max(int(e.max()) - t0, 1).bit_length()
+    if int(g.max()).bit_length() + bits <= 62:
+        high = g.astype(np.int64) << bits
+        ks = s - t0
+        ks |= high
+        if e is s:  # keys of one time column (as-of searches): packed once
+            return ks, ks
+        ke = e - t0
+        ke |= high
+        return ks, ke
+    # Very long profiles or very many threads: times become their ranks, which keep the order
+    # but not a slack (the traces that have one span hours at most: 43 bits of nanoseconds).
+    if pad:
+        raise ValueError("a profile too long to nest with a time slack")
+    times, inverse = np.unique(np.concatenate([s, e]), return_inverse=True)
+    bits = max(int(len(times)).bit_length(), 1)
+    if int(g.max()).bit_length() + bits > 62:
+        raise ValueError("too many threads and timestamps to nest")
+    high = g.astype(np.int64) << bits
+    return high | inverse[:len(s)], high | inverse[len(s):]
+
+
+def asof(thread: np.ndarray, start: np.ndarray, right_thread: np.ndarray,
+         right_start: np.ndarray) -> np.ndarray:
+    """For each (thread, start), the position in the right side of the last range on that
+    thread starting at or before it (of equal starts, the last in the right side's order), -1
+    where none: an as-of join on thread and time, one binary search over packed keys."""
+    n = len(thread)
+    if n == 0 or len(right_thread) == 0:
+        return np.full(n, NO_PARENT, np.int64)
+    g = group_index(np.concatenate([thread, right_thread]))
+    times = np.concatenate([start, right_start])
+    keys = packed_keys(g, times, times)[0]
+    del times
+    order, right_keys = packed_order(g[n:], keys[n:])
+    pos = np.searchsorted(right_keys, keys[:n], side="right") - 1
+    del keys, right_keys
+    found = order[np.maximum(pos, 0)].astype(np.int64)
+    found[(pos < 0) | (g[n:][found] != g[:n])] = NO_PARENT
+    return found
+
+
+def packed_order(g: np.ndarray, ks: np.ndarray):
+    """np.argsort(ks, kind="stable") for keys packed as (group, time), and the keys in that
+    order.
+
+    Profiles list each thread's ranges in start order, so a radix sort of the small group ids
+    (group_index gives them in 16 bits where they fit) mostly sorts the keys already; the full
+    sort runs only where it did not."""
+    order = np.argsort(g, kind="stable").astype(position_type(len(g)), copy=False)
+    sk = ks[order]
+    if len(sk) > 1 and (sk[1:] < sk[:-1]).any():
+        # Within a group the rows are still in row order, so ties stay by row.
+        fix = np.argsort(sk, kind="stable")
+        order, sk = order[fix], sk[fix]
+    return order, sk
+
+
+@njit(cache=True, nogil=True)
+def _climb(parent, is_outer, inner, found):
+    for j in range(len(inner)):
+        up = parent[inner[j]]
+        while up >= 0 and not is_outer[up]:
+            up = parent[up]
+        found[j] = up
+
+
+def enclosing(table: RangeTable, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """For each inner row, its nearest ancestor among the outer rows (-1 if none): the
+    containment the nesting found, each parent chain climbed in one compiled pass."""
+    found = np.full(len(inner), NO_PARENT, dtype=position_type(len(table)))
+    if len(inner) == 0 or len(outer) == 0:
+        return found
+    is_outer = np.zeros(len(table), bool)
+    is_outer[outer] = True
+    _climb(table.parent, is_outer, np.asarray(inner), found)
+    return found

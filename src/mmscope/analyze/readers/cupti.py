@@ -1,0 +1,152 @@
+"""The device side of an nsys export: its CUPTI tables, each GPU op (kernel, memcpy, memset) joined
+to the CUDA runtime or driver call that launched it, as nsys' `nvtx_gpu_proj_trace` joins.
+
+Their integer columns are read in rowid ranges on both cores; the join is on correlationId within
+a process (a kernel's globalPid is its call's globalTid without the thread bits), in one compiled
+pass; what lies on which range is decided on the range table (ranges/device.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from mmscope.analyze.ranges import device
+from mmscope.analyze.readers import sqlite_source
+
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+MEMSET = -1000  # the name code of a memset; a memcpy's is -1 - its copy kind
+# Each kind of op: its table and its name code (a kernel's short name: a StringIds id).
+OPS = {"CUPTI_ACTIVITY_KIND_KERNEL": "shortName",
+       "CUPTI_ACTIVITY_KIND_MEMCPY": "-1 - copyKind",
+       "CUPTI_ACTIVITY_KIND_MEMSET": str(MEMSET)}
+# CUPTI_ACTIVITY_MEMCPY_KIND, as nsys names the copies.
+COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
+              8: "DtoD", 9: "HtoH", 10: "PtoP"}
+THREAD_BITS = 0xFFFFFF
+# Raw columns (NULLs become what `read`'s spec says as they are copied): an expression costs
+# SQLite more per row than a column.
+CALL = ('SELECT globalTid AS thread, start, correlationId AS c FROM "{table}" '
+        "WHERE rowid > {{lo}} AND rowid <= {{hi}}")
+OP = ('SELECT start, "end", correlationId AS c, globalPid AS pid, {name} AS name, '
+      'deviceId AS device, streamId AS stream FROM "{table}" '
+      "WHERE rowid > {{lo}} AND rowid <= {{hi}}")
+
+NO_CUDA = ("no CUDA trace in the export (nsys profile -t cuda,nvtx records the CUPTI runtime, "
+           "kernel, memcpy and memset tables)")
+RECORDED = "a recording of mmscope record: NVTX ranges on the host, no device side"
+
+
+def read(con, path: str, tables: set[str], strings: dict[int, str], parts: int):
+    """The DeviceWork of the export, or None and why it has none."""
+    kinds = [t for t in OPS if t in tables]
+    if RUNTIME not in tables or not kinds:
+        return None, NO_CUDA
+    calls = _columns(con, path, [RUNTIME], CALL, parts,
+                     {"thread": (np.int64, 0), "start": (np.int64, 0), "c": (np.int64, -1)})
+    ops = _columns(con, path, kinds, OP, parts,
+                   {"start": (np.int64, 0), "end": (np.int64, 0), "c": (np.int64, -1),
+                    "pid": (np.int64, 0), "name": (np.int32, MEMSET), "device": (np.int32, 0),
+                    "stream": (np.int32, 0)})
+    launcher = _launchers(calls, ops)
+    del ops["pid"]
+    keep = launcher >= 0
+    if not keep.any():
+        return None, RECORDED if _recorded(con, tables) else NO_CUDA
+    if not keep.all():
+        launcher = launcher[keep]
+        ops = {k: v[keep] for k, v in ops.items()}
+    name_codes, name = np.unique(ops.pop("name"), return_inverse=True)
+    stream_codes, stream = np.unique((ops.pop("device").astype(np.int64) << 32)
+                                     | ops.pop("stream"), return_inverse=True)
+    cols = {"thread": calls["thread"][launcher], "call_start": calls["start"][launcher],
+            "start": ops.pop("start"), "end": ops.pop("end"), "name": name.astype(np.int32),
+            "stream": stream.astype(np.int32)}
+    del calls, launcher
+    names = [_op_name(int(c), strings) for c in name_codes.tolist()]
+    streams = [f"GPU {c >> 32} stream {c & 0xFFFFFFFF}" for c in stream_codes.tolist()]
+    return device.from_columns(cols, names, streams, "nsys CUPTI"), ""
+
+
+def _columns(con, path: str, tables: list[str], query: str, parts: int, spec: dict) -> dict:
+    """The query's integer columns over these tables, one after the other in the same arrays;
+    `spec`: per column its dtype and what NULL reads as."""
+    sources = [(query.format(table=t, name=OPS.get(t, "")),
+                sqlite_source.rowid_ranges(con, f'"{t}"', parts)) for t in tables]
+    got = sqlite_source.int_columns(path, sources, [d for d, _ in spec.values()],
+                                    [null for _, null in spec.values()])
+    return dict(zip(spec, got))
+
+
+@njit(cache=True, nogil=True)
+def _join(call_key, order, op_key, out):
+    """out[j]: the call (row) whose key is op j's, -1: none. `order` sorts the calls by key. Ops
+    come mostly in key order: each search starts where the last ended."""
+    m = len(order)
+    at = 0
+    for j in range(len(op_key)):
+        k = op_key[j]
+        steps = 0
+        while at < m and call_key[order[at]] < k and steps < 16:
+            at += 1
+            steps += 1
+        if at >= m or call_key[order[at]] < k or (at > 0 and call_key[order[at - 1]] >= k):
+            lo, hi = 0, m
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if call_key[order[mid]] < k:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            at = lo
+        out[j] = order[at] if at < m and call_key[order[at]] == k else -1
+
+
+@njit(cache=True, nogil=True)
+def _keys(pid, correlation, processes, out):
+    """out[j]: (process index << 40) | correlationId, where `processes` (ascending) holds the
+    process of pid[j]; -1 where it does not, or the correlation is NULL (-1)."""
+    for j in range(len(pid)):
+        p = np.searchsorted(processes, pid[j])
+        if p < len(processes) and processes[p] == pid[j] and correlation[j] >= 0:
+            out[j] = (p << 40) | (correlation[j] & ((1 << 40) - 1))
+        else:
+            out[j] = -1
+
+
+def _launchers(calls: dict, ops: dict) -> np.ndarray:
+    """Per op, the row of the runtime call with its correlationId in its process (-1: none).
+    Consumes the correlation columns (their memory holds the keys)."""
+    call_pid = calls["thread"] & ~THREAD_BITS
+    processes = np.unique(call_pid[::max(len(call_pid) // 4096, 1)])
+    if len(processes) and not np.isin(call_pid, processes).all():  # a sample missed some
+        processes = np.unique(call_pid)
+    call_key, op_key = calls.pop("c"), ops.pop("c")
+    _keys(call_pid, call_key, processes, call_key)
+    del call_pid
+    _keys(ops["pid"], op_key, processes, op_key)
+    op_key[op_key < 0] = -2  # never a call's key
+    # Each process' calls come in correlationId order: sorting by process (the keys' high
+    # bits) mostly sorts the keys; the full sort only where it did not.
+    order = np.argsort(call_key >> 40, kind="stable")
+    if len(order) > 1 and (np.diff(call_key[order]) < 0).any():
+        order = np.argsort(call_key, kind="stable")
+    out = np.empty(len(op_key), np.int64)
+    _join(call_key, order, op_key, out)
+    return out
+
+
+def _recorded(con, tables: set[str]) -> bool:
+    """Written by `mmscope record` (its export product says so)."""
+    if "META_DATA_EXPORT" not in tables:
+        return False
+    rows = sqlite_source.frame(con, "SELECT value FROM META_DATA_EXPORT "
+                                    "WHERE name = 'EXPORT_PRODUCT_VERSION'").rows()
+    return bool(rows) and str(rows[0][0]).startswith("mmscope record")
+
+
+def _op_name(code: int, strings: dict[int, str]) -> str:
+    if code == MEMSET:
+        return "[CUDA memset]"
+    if code < 0:
+        return f"[CUDA memcpy {COPY_KINDS.get(-1 - code, -1 - code)}]"
+    return strings.get(code, f"kernel {code}")

@@ -1,0 +1,318 @@
+"""Load the SQLite file of `nsys export --type sqlite` (or `mmscope record`) into a RangeTable.
+
+Read through ADBC's SQLite driver (sqlite_source.py): the integer columns of NVTX_EVENTS in rowid
+ranges on both cores, the names once per distinct string (textId -> StringIds; the `text` of
+unregistered messages only where rows have no textId); both schema eras; per-process domains;
+the session's start on the UTC clock; the GPU work of the CUPTI tables (cupti.py). A range that
+ends before it starts (or has no start) is skipped and said (profile.malformed).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mmscope.analyze.ranges import table as tbl
+from mmscope.analyze.readers import cupti, malformed, sqlite_source
+from mmscope.errors import UserError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# NVIDIA's documented ids, used when a file has no ENUM_NSYS_EVENT_TYPE table.
+DEFAULT_TYPES = {"NvtxCategory": 33, "NvtxMark": 34, "NvtxThread": 39, "NvtxPushPopRange": 59,
+                 "NvtxStartEndRange": 60, "NvtxtPushPopRange": 70, "NvtxtStartEndRange": 71,
+                 "NvtxDomainCreate": 75}
+KIND_OF_TYPE = {"NvtxPushPopRange": tbl.PUSH_POP, "NvtxtPushPopRange": tbl.PUSH_POP,
+                "NvtxStartEndRange": tbl.START_END, "NvtxtStartEndRange": tbl.START_END,
+                "NvtxMark": tbl.MARK}
+PID_BITS = 0xFFFFFF000000  # the pid part of a globalTid, as NVIDIA's reports join domains
+# Kinds of the metadata rows, which leave the table once read (below the range kinds).
+OTHER, THREAD_NAME, DOMAIN_CREATE = -1, -2, -3
+META_KINDS = {"NvtxThread": THREAD_NAME, "NvtxDomainCreate": DOMAIN_CREATE}
+NULL_TIME = np.iinfo(np.int64).min  # a NULL start or end as read
+# The integer columns of every row (what the nesting and names need), and the stand-in where a
+# file lacks one.
+COLUMNS = {"start": ("start", np.int64, NULL_TIME), "end": ('"end"', np.int64, NULL_TIME),
+           "thread": ("globalTid", np.int64, 0), "text_id": ("textId", np.int64, -1),
+           "type": ("eventType", np.int16, -1), "domain": ("domainId", np.int32, 0)}
+PARTS = 2  # rowid ranges read at once: this machine kind's cores
+
+
+def is_sqlite(head: bytes) -> bool:
+    return head.startswith(SQLITE_MAGIC)
+
+
+def load(path: str, workers: int | None = None) -> tbl.RangeTable:
+    """The RangeTable of an nsys SQLite export; bad files raise UserError with one line.
+    `workers`: rowid ranges read at once (default: one per core of this machine kind)."""
+    import adbc_driver_manager
+    import polars as pl
+
+    from mmscope.analyze.readers.arrow_stream import StreamError
+
+    try:
+        with sqlite_source.readable(path) as readable:
+            table = _read(readable, path, workers or PARTS)
+        return table
+    except (adbc_driver_manager.Error, pl.exceptions.ComputeError, UnicodeDecodeError,
+            StreamError) as e:
+        # A corrupt file breaks the SQLite reader, or hands back text that is no UTF-8.
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"{path}: not a readable SQLite database ({why})") from None
+
+
+def _read(path: str, label: str, parts: int) -> tbl.RangeTable:
+    with sqlite_source.connect(path) as con:
+        tables = set(sqlite_source.frame(
+            con, "SELECT name FROM sqlite_master WHERE type = 'table'")["name"].to_list())
+        name = _nvtx_table(tables, label)
+        cols = set(sqlite_source.frame(
+            con, f"SELECT name FROM pragma_table_info('{name}')")["name"].to_list())
+        strings = _string_ids(con, tables)
+        thread_names = _thread_names_table(con, tables, strings)
+        process_names = _process_names(con, tables)
+        clock = _session_clock(con, tables)
+        types = _event_types(con, tables)
+        ranges = sqlite_source.rowid_ranges(con, _q(name), parts)
+    raw = _read_events(path, name, cols, ranges)
+    kinds = _kinds(types)
+    kind = kinds[np.clip(raw.pop("type"), -1, len(kinds) - 1)]
+    names, name_code = _names(path, name, cols, ranges, raw.pop("text_id"), strings)
+    end_thread = _end_threads(path, name, cols, ranges, raw["thread"], kind, types)
+    table = _to_table(raw, kind, names, name_code, end_thread, thread_names, process_names,
+                      clock, label)
+    with sqlite_source.connect(path) as con:
+        table.device, table.no_device = cupti.read(con, path, tables, strings, parts)
+    return table
+
+
+def _q(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _read_events(path: str, name: str, cols: set[str], ranges) -> dict[str, np.ndarray]:
+    """The integer columns of every NVTX row, in rowid order, NULLs as COLUMNS says."""
+    select = ", ".join(f"{sql if column in cols else 'NULL'} AS {key}"
+                       for key, (sql, _, _) in COLUMNS.items()
+                       for column in [sql.strip('"')])
+    got = sqlite_source.int_columns(
+        path, [(f"SELECT {select} FROM {_q(name)} WHERE rowid > {{lo}} AND rowid <= {{hi}}",
+                ranges)],
+        [dtype for _, dtype, _ in COLUMNS.values()], [null for _, _, null in COLUMNS.values()])
+    return dict(zip(COLUMNS, got))
+
+
+def _kinds(types: dict[int, str]) -> np.ndarray:
+    """Kind per event type id, the last entry for ids out of range (and NULL: -1)."""
+    top = max(types, default=0) + 2
+    kinds = np.full(top, OTHER, np.int8)
+    for i, n in types.items():
+        k = KIND_OF_TYPE.get(n, META_KINDS.get(n))
+        if k is not None and i >= 0:
+            kinds[i] = k
+    return kinds
+
+
+def _names(path: str, name: str, cols: set[str], ranges, text_id: np.ndarray,
+           strings: dict[int, str]) -> tuple[list[str], np.ndarray]:
+    """Name per row: the registered string (textId -> StringIds) if any, else its text, read
+    only for the rows without a textId, and coded once per distinct text."""
+    registered = _Registered(strings)
+    ids = registered.ids
+    pos = np.full(len(text_id), -1, np.int32)
+    if len(ids):
+        if 0 <= ids[0] and ids[-1] < 4 * len(ids) + (1 << 16):  # nsys numbers strings densely
+            slot = np.full(int(ids[-1]) + 2, -1, np.int32)  # the last slot: ids out of range
+            slot[ids] = np.arange(len(ids))
+            np.clip(text_id, -1, len(slot) - 1, out=text_id)
+            pos = slot[text_id]
+        else:
+            at = np.minimum(np.searchsorted(ids, text_id), len(ids) - 1)
+            pos = np.where(ids[at] == text_id, at, -1).astype(np.int32)
+    unnamed = np.flatnonzero(pos < 0)
+    texts = [""]
+    if len(unnamed) and "text" in cols:
+        where = ("" if "textId" not in cols else "textId IS NULL AND "
+                 if (text_id[unnamed] < 0).all() else
+                 "(textId IS NULL OR textId NOT IN (SELECT id FROM StringIds)) AND ")
+        codes, texts = _text_codes(path, name, ranges, len(unnamed), where)
+        pos[unnamed] = len(ids) + codes
+    else:
+        pos[unnamed] = len(ids)  # no text: the name ""
+    return registered.names + texts, pos
+
+
+def _text_codes(path: str, name: str, ranges, expected: int, where: str):
+    """The texts of the rows without a registered name (`where`), in rowid order, coded by
+    first appearance."""
+    import polars as pl
+
+    parts = sqlite_source.partitioned(
+        path, f"SELECT coalesce(text, '') AS text FROM {_q(name)} WHERE {where}"
+              "rowid > {lo} AND rowid <= {hi}", ranges)
+    # A range without rows reads as a column of SQLite's default type: left out.
+    text = pl.concat([p["text"].cast(pl.Binary) for p in parts if p.height]
+                     or [pl.Series("text", [], pl.Binary)])
+    if len(text) != expected:
+        raise UserError(f"NVTX_EVENTS changed while it was read ({expected} rows without a "
+                        f"textId, then {len(text)})")
+    distinct = text.unique(maintain_order=True)
+    codes = text.replace_strict(distinct, pl.int_range(len(distinct), eager=True),
+                                return_dtype=pl.Int64).to_numpy()
+    return codes, [b.decode("utf-8") for b in distinct.to_list()]
+
+
+def _end_threads(path: str, name: str, cols: set[str], ranges, thread: np.ndarray,
+                 kind: np.ndarray, types: dict[int, str]) -> np.ndarray:
+    """The thread each row ends on: its own (the same array) but for start/end ranges that
+    another thread ended, read for the start/end rows only."""
+    start_end = np.flatnonzero(kind == tbl.START_END)
+    if len(start_end) == 0 or "endGlobalTid" not in cols:
+        return thread
+    ids = ", ".join(str(i) for i, n in types.items() if KIND_OF_TYPE.get(n) == tbl.START_END)
+    (values,) = sqlite_source.int_columns(
+        path, [(f"SELECT coalesce(endGlobalTid, globalTid, 0) AS t FROM {_q(name)} "
+                f"WHERE eventType IN ({ids}) AND rowid > {{lo}} AND rowid <= {{hi}}", ranges)],
+        [np.int64], [0])
+    if len(values) != len(start_end):
+        raise UserError(f"NVTX_EVENTS changed while it was read ({len(start_end)} start/end "
+                        f"ranges, then {len(values)})")
+    if (values == thread[start_end]).all():
+        return thread
+    end_thread = thread.copy()
+    end_thread[start_end] = values
+    return end_thread
+
+
+class _Registered:
+    """StringIds in id order (the texts of old-schema rows follow their names)."""
+
+    def __init__(self, strings: dict[int, str]):
+        self.ids = np.array(sorted(strings), dtype=np.int64)
+        self.names = [strings[i] for i in self.ids.tolist()]
+
+
+def _nvtx_table(tables: set[str], path: str) -> str:
+    import re
+
+    # nsys-ai reports versioned names (NVTX_EVENTS_V2...) in some exports: accept them too.
+    found = sorted(n for n in tables if re.fullmatch(r"NVTX_EVENTS(_V\d+)?", n))
+    if not found:
+        raise UserError(f"{path}: SQLite file without an NVTX_EVENTS table (no NVTX ranges were "
+                        "captured: profile with `nsys profile -t nvtx ...`)")
+    return found[0]
+
+
+def _rows(con, query: str) -> list[tuple]:
+    return sqlite_source.frame(con, query).rows()
+
+
+def _event_types(con, tables: set[str]) -> dict[int, str]:
+    """event type id -> NVIDIA's name, looked up by name where the file has the enum table."""
+    types = {v: k for k, v in DEFAULT_TYPES.items()}
+    if "ENUM_NSYS_EVENT_TYPE" not in tables:
+        return types
+    rows = _rows(con, "SELECT id, name FROM ENUM_NSYS_EVENT_TYPE")
+    by_name = {name: i for i, name in rows if name in DEFAULT_TYPES and i is not None}
+    if by_name:
+        types = {i: name for name, i in by_name.items()}
+    return types
+
+
+def _string_ids(con, tables: set[str]) -> dict[int, str]:
+    import polars as pl
+
+    if "StringIds" not in tables:
+        return {}
+    got = sqlite_source.frame(con, "SELECT id, coalesce(value, '') AS value FROM StringIds "
+                                   "WHERE id IS NOT NULL")
+    values = got["value"].cast(pl.Binary).to_list()
+    return dict(zip(got["id"].to_list(), (v.decode("utf-8") for v in values)))
+
+
+def _thread_names_table(con, tables: set[str], strings: dict[int, str]) -> dict[int, str]:
+    if "ThreadNames" not in tables:
+        return {}
+    rows = _rows(con, "SELECT globalTid, nameId FROM ThreadNames ORDER BY priority")
+    return {int(t): strings[n] for t, n in rows if t is not None and n in strings}
+
+
+def _process_names(con, tables: set[str]) -> dict[int, str]:
+    if "PROCESSES" not in tables:
+        return {}
+    rows = _rows(con, "SELECT pid, name FROM PROCESSES")
+    return {int(p): n for p, n in rows if p is not None and n}
+
+
+def _session_clock(con, tables: set[str]) -> str:
+    """nsys times count from the session start, which the export gives on the UTC clock."""
+    if "TARGET_INFO_SESSION_START_TIME" in tables:
+        rows = _rows(con, "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME "
+                          "WHERE utcEpochNs IS NOT NULL LIMIT 1")
+        if rows:
+            return f"nsys session, started at UTC epoch {int(rows[0][0])} ns"
+    return "nsys session (start not recorded)"
+
+
+def _to_table(raw: dict, kind: np.ndarray, names: list[str], name_code: np.ndarray,
+              end_thread: np.ndarray, thread_names: dict[int, str],
+              process_names: dict[int, str], clock: str, label: str) -> tbl.RangeTable:
+    """Metadata rows and malformed ranges leave; domains resolved. Consumes `raw`."""
+    meta_rows = np.flatnonzero(kind < 0)
+    domain_names: dict[tuple[int, int], str] = {}
+    if len(meta_rows):
+        found = (raw, kind, meta_rows, names, name_code)
+        thread_names = {**_thread_name_events(*found), **thread_names}
+        domain_names = _domain_names(*found)
+        del found
+    start, end = raw["start"], raw["end"]
+    bad = (kind >= 0) & ((start == NULL_TIME) | ((end != NULL_TIME) & (end < start)))
+    said = malformed.nsys_said(bad, start, end, raw["thread"], names, name_code,
+                                int(np.count_nonzero(kind >= 0)))
+    keep = kind >= 0
+    keep &= ~bad
+    cols = {"start": start, "end": end, "thread": raw.pop("thread"), "name": name_code,
+            "end_thread": end_thread, "domain": raw.pop("domain"), "kind": kind}
+    del start, end, raw, name_code
+    if not keep.all():  # metadata rows (domains, thread names, categories) leave the table
+        rows = np.flatnonzero(keep)
+        shared = cols["end_thread"] is cols["thread"]
+        cols = {k: v[rows] for k, v in cols.items() if not (shared and k == "end_thread")}
+        if shared:
+            cols["end_thread"] = cols["thread"]
+    domain_id, domains = _domain_ids(cols["thread"], cols.pop("domain"), domain_names)
+    table = tbl.build(raw_names=names, name_id=cols.pop("name"), start=cols.pop("start"),
+                      end=cols.pop("end"), kind=cols.pop("kind"), thread=cols.pop("thread"),
+                      end_thread=cols.pop("end_thread"), domain_id=domain_id, domains=domains,
+                      thread_names=thread_names, process_names=process_names,
+                      source="nsys-sqlite", clock=clock)
+    table.malformed = said
+    return table
+
+
+def _thread_name_events(raw, kind, meta_rows, names, name_code) -> dict[int, str]:
+    rows = meta_rows[kind[meta_rows] == THREAD_NAME]
+    return {int(raw["thread"][r]): names[int(name_code[r])] for r in rows}
+
+
+def _domain_names(raw, kind, meta_rows, names, name_code) -> dict[tuple[int, int], str]:
+    """(pid bits, domainId) -> name; the first create of a domain in a process wins."""
+    rows = meta_rows[kind[meta_rows] == DOMAIN_CREATE]
+    rows = rows[np.argsort(raw["start"][rows], kind="stable")]
+    out: dict[tuple[int, int], str] = {}
+    for r in rows:
+        key = (int(raw["thread"][r]) & PID_BITS, int(raw["domain"][r]))
+        out.setdefault(key, names[int(name_code[r])])
+    return out
+
+
+def _domain_ids(thread: np.ndarray, domain: np.ndarray, names: dict[tuple[int, int], str]):
+    """Domain name index per row: "" for domain 0, the created name, or "domain N" if unnamed."""
+    domain_id = np.zeros(len(thread), np.int32)
+    if not domain.any():
+        return domain_id, [""]
+    index = {"": 0}
+    pid = thread & PID_BITS
+    for d in np.unique(domain[domain != 0]).tolist():
+        in_d = domain == d
+        for p in np.unique(pid[in_d]).tolist():
+            name = names.get((p, d), f"domain {d}")
+            domain_id[in_d & (pid == p)] = index.setdefault(name, len(index))
+    return domain_id, list(index)

@@ -1,0 +1,97 @@
+"""The analysis of a profile: every computation run once on its range table, into the figures every
+output shows (profile, tree, stages, checks, steps, cache benefit, per-step view).
+
+Rendering is apart (terminal.py, html.py); the JSON is `Analysis.to_json()`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DOC_KEYS = ("profile", "tree", "stages", "checks", "steps", "cache_benefit", "per_step")
+
+
+@dataclass
+class Analysis:
+    """Everything the outputs show; `cache` is the /metrics page's figures, read on every run
+    (the rest is what the analysis cache stores)."""
+
+    path: str
+    profile: dict
+    tree: list[dict]
+    stages: list[dict]
+    checks: list[dict]
+    steps: dict
+    cache_benefit: dict
+    per_step: dict | None
+    cache: dict | None = None
+
+    def to_json(self) -> dict:
+        return {**self.doc(), "cache": self.cache}
+
+    def doc(self) -> dict:
+        return {k: getattr(self, k) for k in DOC_KEYS}
+
+    @classmethod
+    def from_doc(cls, path: str, doc: dict) -> "Analysis":
+        """The analysis of a cache entry, under the path the user gave this time."""
+        profile = dict(doc["profile"])
+        profile["path"] = path
+        return cls(path=path, **{**{k: doc[k] for k in DOC_KEYS}, "profile": profile})
+
+
+def analyze(path: str, table, name_filter: str | None = None,
+            raw_names: bool = False) -> Analysis:
+    from mmscope.analyze.ranges import benefit, checks, frame, per_step, stats, steps
+
+    built = frame.build(table, raw_names)
+    by_node, by_stage = stats.aggregate(built)
+    pairs = steps.step_join(built)
+    step_table = steps.steps_of(built, pairs)
+    return Analysis(
+        path=path, profile=profile_info(path, built),
+        tree=stats.tree(built, by_node, name_filter),
+        stages=stats.flat(built, by_node, by_stage, name_filter),
+        checks=checks.run_all(built, pairs) + _malformed_check(table),
+        steps=steps.summary(built, pairs),
+        cache_benefit=benefit.cache_benefit(built, step_table),
+        per_step=per_step.per_step(built, step_table))
+
+
+def _malformed_check(table) -> list[dict]:
+    """The check on the events the reader skipped, where it skipped any."""
+    from mmscope.analyze.readers import malformed
+
+    found = malformed.check(table.malformed.doc() if table.malformed else None)
+    return [found] if found else []
+
+
+def profile_info(path: str, built) -> dict:
+    from mmscope.analyze.ranges import device
+    from mmscope.analyze.ranges.table import MARK
+    from mmscope.analyze.readers import malformed
+
+    table = built.table
+    work = table.device
+    n = len(table)
+    return {"path": path, "format": table.source, "clock": table.clock, "ranges": n,
+            "marks": int((table.kind == MARK).sum()),
+            "unclosed": int(table.unclosed.sum()),
+            "cross_thread": (0 if table.end_thread is table.thread  # one array: none crosses
+                             else int((table.end_thread != table.thread).sum())),
+            "threads": sum(len(p["threads"]) for p in built.processes),
+            "processes": built.processes, "roles": built.roles,
+            "span_ns": int(table.end.max() - table.start.min()) if n else 0,
+            "malformed": (table.malformed or malformed.Skipped(events=n)).doc(),
+            "slack_ns": table.slack_ns,
+            "device": ({"available": False, "reason": table.no_device} if work is None else
+                       {"available": True, "source": work.source, "ops": len(work),
+                        "streams": device.streams(work)})}
+
+
+def stage_stats(table, name_filter: str | None = None, raw_names: bool = False) -> list[dict]:
+    """The flat per-stage table of a range table (what `mmscope compare` compares)."""
+    from mmscope.analyze.ranges import frame, stats
+
+    built = frame.build(table, raw_names)
+    by_node, by_stage = stats.aggregate(built)
+    return stats.flat(built, by_node, by_stage, name_filter)
