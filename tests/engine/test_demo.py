@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -51,6 +52,15 @@ def test_demo_end_to_end(tmp_path):
         c["mm_cache_hits"], c["mm_cache_queries"])
     assert ways["saved_s"]["processor_cache"] > 0 and ways["saved_s"]["encoder_cache"] > 0
     assert "where items were served from" in text
+    # the next step the demo prints: analyze with its /metrics page says the layers too
+    done = subprocess.run([sys.executable, "-m", "mmscope.cli", "analyze",
+                           str(out / "profile.sqlite"), "--metrics", str(out / "metrics.txt")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ("items served from: encoder cache 9, encoder 9 (18 items; processor cache hit 9, "
+            "miss 9)") in done.stdout
+    assert re.search(r"work saved: [\d.]+ s \(processor cache [\d.]+ s, encoder cache [\d.]+ s\)",
+                     done.stdout)
     # 14 of the 17 requests carry images: each has its first token split, hits and misses apart
     split = summary["ttft_parts"]
     assert split["hit"]["requests"] + split["miss"]["requests"] == 14

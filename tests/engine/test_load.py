@@ -62,6 +62,20 @@ def test_counts_equal_the_plan_when_the_cache_holds_a_level(traced_server, tmp_p
         # Unique prompts: no prefix-cache hit could hide an encoder lookup.
         assert level["prefix_cache"]["hits"] == 0
         assert level["mm_cache"]["queries"] == 40
+        # Each cache layer as planned: the repeats hit the processor cache first, then the
+        # encoder cache; the distinct images miss and are computed; hits saved measured time.
+        layers = level["layers"]
+        assert layers["planned"] == {
+            "processor": {"hit": level["planned_hits"], "miss": level["distinct_images"],
+                          "off": 0}, "spared": level["planned_hits"],
+            "computed": level["distinct_images"]}
+        seen = layers["observed"]
+        assert seen["processor"] == layers["planned"]["processor"]
+        assert seen["processor"]["hit"] == level["mm_cache"]["hits"]
+        assert seen["encoder"] == {"cache_hit": level["planned_hits"], "prefix_covered": 0,
+                                   "ec_loaded": 0, "computed": level["distinct_images"]}
+        if level["planned_hits"]:
+            assert seen["saved_s"]["processor_cache"] > 0 and seen["saved_s"]["encoder_cache"] > 0
         # Each request's TTFT split: a hit is a request whose images all repeat (the cache
         # holds the level); a hit's encoder share is 0; the client waits beyond the server (wall time:
         # how much more is printed, not asserted).
@@ -104,6 +118,12 @@ def test_small_cache_shortfall_explained_by_capacity(small_cache_server):
     assert level["verdict"]["status"] == "explained" and out["ok"] is True
     assert "shortfall explained by capacity (" in level["verdict"]["text"]
     assert "capacity 64 embeds" in level["verdict"]["text"]
+    # per layer: the processor cache (4 GiB) held every repeat the encoder cache lost
+    seen = level["layers"]["observed"]
+    assert seen["processor"]["hit"] == level["planned_hits"]
+    assert seen["encoder"]["computed"] == level["observed_misses"] > level["distinct_images"]
+    assert (f"layers: the encoder computed {level['observed_misses']} items for 20 distinct "
+            "images") in level["verdict"]["text"]
 
 
 def test_small_cache_table_verdict_under_concurrency(small_cache_server):
@@ -138,6 +158,10 @@ def test_the_prefix_plan_shows_the_encoder_work_the_prefix_cache_spares(traced_s
     assert level["observed_queries"] == level["observed_misses"] == level["distinct_images"] == 4
     assert level["observed_avoided_rate"] == 0.5
     assert level["verdict"]["text"] == "hits match the plan (4 of 4) (0 hits, 4 prefix-covered)"
+    seen = level["layers"]["observed"]  # the repeats: processor-cache hits, prefix-covered
+    assert seen["processor"] == {"hit": 4, "miss": 4, "off": 0}
+    assert seen["encoder"] == {"cache_hit": 0, "prefix_covered": 4, "ec_loaded": 0, "computed": 4}
+    assert seen["saved_s"]["prefix_cache"] > 0 and seen["saved_s"]["encoder_cache"] == 0
 
 
 def test_images_by_http_url_show_their_fetch_and_the_ttft_it_cost(traced_server):

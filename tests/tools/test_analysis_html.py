@@ -31,10 +31,11 @@ REQUESTS = ((True, 0.10, (0.01, 0.005, 0.005, 0.01, 0.0, 0.0, 0.06, 0.01)),
 
 
 def metrics_page(path) -> None:
-    """A /metrics page of 10 encoder-cache queries, 4 hits (3 local, 1 in the same step), and
-    the three requests' time to first token by part."""
+    """A /metrics page of 10 encoder-cache queries, 4 hits (3 local, 1 in the same step), their
+    ways through the cache layers, and the three requests' time to first token by part."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+    from mmscope.carry import item_ways
     from mmscope.carry.ttft_split import TtftSplit
     from mmscope.expose.metrics import EncoderCacheProm, MetricClasses
     from mmscope.expose.ttft_histograms import TtftProm
@@ -46,6 +47,14 @@ def metrics_page(path) -> None:
                                            partial(Histogram, registry=registry)), labels, ("image",), 4096)
     cache.observe({"queries": 10, "hits": 4, "misses": 6, "hits_by_source:local": 3,
                    "hits_by_source:in_step": 1, "usage_embeds": 1536}, 0)
+    # the same items' ways: the processor cache held the 4 repeats; the encoder took 1 ms an
+    # embedding, so each 16-embedding hit saved 16 ms
+    costs = item_ways.EngineCostTotals()
+    costs.add({"encoder_ns:image": 96_000_000, "encoder_embeds:image": 96})
+    waiting = item_ways.ProcessorWays()
+    waiting.looked_up([(f"h{i}", i >= 6) for i in range(10)])
+    sent = [(f"h{i}", "image", "computed" if i < 6 else "cache_hit", 16) for i in range(10)]
+    cache.observe_ways(item_ways.join(sent, waiting, item_ways.ProcessorCosts(), costs), costs, 0)
     ttft = TtftProm(partial(Histogram, registry=registry), labels)
     for i, (hit, total, parts) in enumerate(REQUESTS):
         ttft.observe(TtftSplit(f"r{i}", 0, hit, total, dict(zip(stages.TTFT_PARTS, parts)),
@@ -206,6 +215,11 @@ def test_the_cache_section_shows_counters_benefit_and_ttft(report):
     rows = [[c["text"] for c in tr["children"]] for tr in dom.elements if tr["tag"] == "tr"]
     assert ["prefill", "2", fmt_ns(800 * 1037), fmt_ns(600 * 1037), fmt_ns(425 * 1037), "1",
             fmt_ns(200 * 1037), fmt_ns(200 * 1037), fmt_ns(600 * 1037)] in rows
+    assert (cache["layers"]["encoder"], cache["layers"]["processor"]) == (
+        {"cache_hit": 4, "prefix_covered": 0, "ec_loaded": 0, "computed": 6},
+        {"hit": 4, "miss": 6, "off": 0})
+    assert "Where items were served from" in text
+    assert ["encoder cache", "4", "0.0640"] in rows and ["encoder (computed)", "6", ""] in rows
     hits = cache["ttft"]["hit"]
     assert hits["requests"] == 2 and hits["ttft"]["mean_ms"] == 120.0
     assert "Time to first token, hits (2 requests)" in text

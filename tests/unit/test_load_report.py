@@ -85,9 +85,26 @@ def busy_level() -> LevelResult:
              series.cache_hits("mm_cache"): 4, series.cache_queries("prefix_cache"): 320,
              series.cache_hits("prefix_cache"): 64, series.QUERY_EMBEDS: 112,
              series.HIT_EMBEDS: 32, series.PREFIX_COVERED_EMBEDS: 16, **SERVER_TTFT,
-             **VLLM_TTFT, **SERVER_MEDIA}
+             **VLLM_TTFT, **SERVER_MEDIA, **SERVER_LAYERS}
     return LevelResult(SIX, timed(SIX), 1.5, {URL: delta}, {URL: 32}, 16, build_s=0.25)
 
+
+# Each item's way over the level: the processor cache held the 3 repeats; the encoder cache
+# served one, the EC connector one, and the encoder computed 4 (one more than the distinct 3).
+SERVER_LAYERS = {
+    **{f"mm_items{{encoder={e},modality=image,processor={p}}}": n for (p, e), n in (
+        (("hit", "cache_hit"), 1), (("hit", "ec_loaded"), 1), (("hit", "computed"), 1),
+        (("miss", "computed"), 3))},
+    "mm_work_saved_seconds{layer=processor_cache}": 0.003,
+    "mm_work_saved_seconds{layer=encoder_cache}": 0.01,
+    "mm_work_saved_seconds{layer=ec_connector}": 0.002}
+BUSY_LAYERS = {
+    "planned": {"processor": {"hit": 3, "miss": 3, "off": 0}, "spared": 3, "computed": 3},
+    "observed": {"items": 6, "spared": 2,
+                 "encoder": {"cache_hit": 1, "prefix_covered": 0, "ec_loaded": 1, "computed": 4},
+                 "processor": {"hit": 3, "miss": 3, "off": 0},
+                 "saved_s": {"processor_cache": 0.003, "prefix_cache": 0.0,
+                             "encoder_cache": 0.01, "ec_connector": 0.002}}}
 
 # The server's media counts over the level: six data URLs fetched in 12 ms and decoded in 18 ms
 # in all, 6000 bytes, three of them already in the processor cache (4.5 ms of it).
@@ -164,9 +181,11 @@ BUSY_JSON = {
                         "evictions": 1, "hit_rate": 0.2857, "capacity_embeds": 32,
                         "ttft_ms": {"mean_ms": 30.0, "p50_ms": 31.25, "p90_ms": 46.25}}},
     "router": None,
+    "layers": BUSY_LAYERS,
     "verdict": {"status": EXPLAINED, "text": (
         f"2 of 3 planned hits; shortfall explained by capacity (1 evictions, {CAPACITY}); 7 "
-        "queries for 6 images (requests preempted and resumed, or other traffic)")},
+        "queries for 6 images (requests preempted and resumed, or other traffic); layers: the "
+        "encoder computed 4 items for 3 distinct images")},
 }
 
 
@@ -197,7 +216,7 @@ def test_run_json_holds_the_run_and_every_level():
 def printed(info: RunInfo, levels: list[LevelResult]) -> list[str]:
     from rich.console import Console
 
-    console = Console(record=True, width=250)
+    console = Console(record=True, width=400)
     print_terminal(info, levels, console)
     return console.export_text().splitlines()
 
@@ -224,7 +243,9 @@ def test_terminal_report_prints_every_figure():
         # reuse, local, in_step, connector, deferrals, evictions, capacity allows, mm, prefix
         ["0.5", "1", "0", "1", "3", "1", "1", "4 / 9", "64 / 320"],
         ["0", "0", "0", "0", "0", "0", "-", "0 / 0", "0 / 0"],
-        # reuse, outcome, requests, TTFT, api, queue, encoder, ec_load, prefill, other, beyond
+        # reuse, processor hit, miss, off (planned), encoder cache, prefix cache, EC connector,
+        # spared (planned), computed (planned), work saved s
+        ["0.5", "3 (3)", "3 (3)", "0 (0)", "1", "0", "1", "2 (3)", "4 (3)", "0.015"],
         # reuse, outcome, requests, TTFT, media, render, processor, queue, encoder, ec_load,
         # prefill, other, beyond
         ["0.5", "miss", "6", "31.2 / 46.2", "- / -", "- / -", "- / -", "- / -", "5.0 / 9.0",

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from mmscope import stages
-from mmscope.load import epd, media_urls, series, ttft_parts
+from mmscope.load import epd, layers, media_urls, series, ttft_parts
 from mmscope.load.fleet import Shard
 from mmscope.load.readings import ONE_PAGE
 from mmscope.load.sweep import LevelResult
@@ -17,6 +17,8 @@ MAIN_TITLE = "encoder cache per reuse level"
 CACHE_TITLE = "hits by source, capacity, and vLLM's other caches"
 TTFT_TITLE = ("time to first token by part, server side, p50 / p90 ms (mean in --json); "
               "hit: the encoder ran for none of the request's items")
+LAYERS_TITLE = ("where items were served from (vllm:mm_items_total), observed (planned), and the "
+                "work the caches saved (vllm:mm_work_saved_seconds_total)")
 MEDIA_TITLE = ("media by source: the server's fetch and decode (mean ms per item), bytes, fetches "
                "its processor cache made pointless, against the TTFT of the requests sent that way")
 INSTANCES_TITLE = ("each instance's share: requests and time to first token (vLLM's, p50 / p90 "
@@ -157,8 +159,11 @@ def level_json(level: LevelResult) -> dict:
         "build_s": round(level.build_s, 3),
         "instances": instances_json(level),
         "router": None if routed is None else routed.json(),
+        "layers": (None if (seen := layers.observed(level.delta)) is None
+                   else layers.compared(plan, seen)),
         "verdict": {"status": verdict.status, "text": verdict.text},
-        **({"pd_instance": pd} if (pd := epd.pd_counts(level.delta)) is not None else {}),
+        **({"pd_instance": {**pd, "layers": layers.observed(level.delta, epd.PD)}}
+           if (pd := epd.pd_counts(level.delta)) is not None else {}),
     }
 
 
@@ -223,6 +228,8 @@ def print_terminal(info: RunInfo, levels: list[LevelResult], console=None) -> No
     rows = [level_json(lv) for lv in levels]
     console.print(header(info, levels), highlight=False)
     tables = [(MAIN_TITLE, _main_table(rows)), (CACHE_TITLE, _cache_table(rows))]
+    if any(r["layers"] for r in rows):
+        tables.append((LAYERS_TITLE, _layers_table(rows)))
     if any(r["ttft_parts"][o]["requests"] for r in rows for o in ttft_parts.OUTCOMES):
         tables.append((TTFT_TITLE, _ttft_table(rows)))
     if any(r["media"]["by_source"] for r in rows):
@@ -285,6 +292,18 @@ def _cache_table(rows: list[dict]):
         table.add_row(f"{r['reuse']:g}", *(str(r["hits_by_source"][s]) for s in series.HIT_SOURCES),
                       str(r["deferrals"]), str(r["evictions"]), _num(r["capacity_allows_hits"]),
                       *(f"{r[c]['hits']} / {r[c]['queries']}" for c in series.OTHER_CACHES))
+    return table
+
+
+def _layers_table(rows: list[dict]):
+    from rich.table import Table
+
+    table = Table()
+    for name in ("reuse", *layers.COLUMNS):
+        table.add_column(name, justify="right")
+    for r in rows:
+        if r["layers"]:
+            table.add_row(f"{r['reuse']:g}", *layers.cells(r["layers"]))
     return table
 
 

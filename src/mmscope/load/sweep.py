@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from mmscope.errors import UserError
-from mmscope.load import epd, media_urls, readings, series
+from mmscope.load import epd, layers, media_urls, readings, series
 from mmscope.load.client import Server, Timing
 from mmscope.load.fleet import Bounds, Shard, bounds
 from mmscope.load.plan import PROBE_LEVEL, LevelPlan, PlannedRequest, Workload
@@ -94,6 +94,7 @@ class LevelResult:
     def verdict(self) -> Verdict:
         verdict = epd.with_pd(judge(self.plan, self.observed, self.capacity_allows, self.routed),
                               self.plan.images, self.delta)
+        verdict = layers.with_layers(verdict, self.plan, self.delta)
         if self.fetches is None:
             return verdict
         return replace(verdict, text=f"{verdict.text}; {self.fetches.text()}")

@@ -1,5 +1,6 @@
 """The encoder cache as vLLM's /metrics page shows it (a saved page or a live URL): counters, hit
-rate, hits by source, and the time to first token by part of hits and misses (mean, p50, p90).
+rate, hits by source, where items were served from and what each cache layer saved, and the time
+to first token by part of hits and misses (mean, p50, p90).
 
 Read with the load verifier's own readers (`mmscope.load.series`, `mmscope.load.ttft_parts`).
 """
@@ -16,7 +17,7 @@ _URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def read(source: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
-    from mmscope.expose import readout
+    from mmscope.expose import layers, readout
     from mmscope.load import series, ttft_parts
 
     text = fetch(source, timeout_s)
@@ -37,6 +38,7 @@ def read(source: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
            "hit_rate": round(hits / queries, 6) if queries else None,
            "capacity_embeds": _int(values.get(series.CAPACITY)),
            "usage_embeds": _int(values.get(series.USAGE)),
+           "layers": layers.read(values),
            "ttft": None}
     if series.ttft_requests(values):
         split = ttft_parts.split(values, [])

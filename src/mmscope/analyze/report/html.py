@@ -9,6 +9,7 @@ import html
 import json
 
 from mmscope.analyze.report.analysis import Analysis
+from mmscope.expose import layers
 from mmscope.analyze.report.text import device_text, fmt_ns, fmt_share, tree_prefixes, where_text
 from mmscope.analyze.report.html_script import CSS, JS
 
@@ -190,6 +191,11 @@ def _cache(c: dict | None) -> str:
     counts += [[_e(f"hits from {k}"), v] for k, v in c["hits_by_source"].items()]
     out = (f"<h3>Counters ({_e(c['source'])})</h3><p>hit rate <b>{rate}</b></p>"
            + _table(["counter", "items"], counts))
+    if c.get("layers"):
+        rows = [[_e(name), items, "" if saved is None else f"{saved:.4f}"]
+                for name, items, saved in layers.rows(c["layers"])]
+        out += ("<h3>Where items were served from</h3>"
+                + _table(["layer", "items", "work saved (s)"], rows))
     for outcome, split in (c["ttft"] or {}).items():
         if not split["requests"]:
             continue

@@ -8,6 +8,7 @@ import csv
 
 from mmscope.analyze.readers import malformed
 from mmscope.analyze.report.analysis import Analysis
+from mmscope.expose import layers
 from mmscope.analyze.report.text import (catalogued, device_text, fmt_ns, fmt_share,
                                          tree_prefixes, where_text)
 
@@ -200,6 +201,8 @@ def _cache_text(c: dict) -> str:
                          if k not in ("encoder_cache_hits", "encoder_cache_queries"))
              + "); hits by source: "
              + ", ".join(f"{k} {v}" for k, v in c["hits_by_source"].items())]
+    if c.get("layers"):
+        lines += [f"  {line}" for line in layers.lines(c["layers"])]
     for outcome, split in (c["ttft"] or {}).items():
         if not split["requests"]:
             continue
