@@ -391,8 +391,8 @@ def test_a_plugin_wrapper_that_raises_puts_vllms_method_back(caplog):
     try:
         manager = object.__new__(StatLoggerManager)
         manager.stat_loggers = [Unweakable()]
-        stats = NS(**{f.name: None for f in dataclasses.fields(Carried)},
-                   encoder_cache_stats={"queries": 1})
+        stats = NS(**{**{f.name: None for f in dataclasses.fields(Carried)},
+                      "encoder_cache_stats": {"queries": 1}})
         with caplog.at_level(logging.WARNING, logger="vllm.mmscope"):
             for _ in range(2):
                 manager.record(scheduler_stats=stats, iteration_stats=None, engine_idx=0)

@@ -22,7 +22,8 @@ def item(req, idx, modality="image", embeds=16):
 
 def test_engine_records_carry_facts_only_where_vllm_traces_requests():
     state = EngineState(SimpleNamespace(cache_size=1000))
-    assert state.ledger.probe is None and state.shares.extra == {}  # nothing per request
+    # each item's way is the only sink: nothing per request
+    assert state.ledger.probe == state.ways.committed and state.shares.extra == {}
     state.trace_requests()
     state.shares.admit("a", rf.items(["image", "image", "video"]))
     ledger = state.ledger

@@ -7,10 +7,13 @@ import math
 from dataclasses import dataclass
 
 from mmscope import stages
-from mmscope.load import epd, layers, media_urls, series, ttft_parts
+from mmscope.expose import layers
+from mmscope.load import epd, media_urls, series, ttft_parts
 from mmscope.load.fleet import Shard
 from mmscope.load.readings import ONE_PAGE
 from mmscope.load.sweep import LevelResult
+from mmscope.load.verdict import SPARED, compared, observed
+from mmscope.vocabulary import EncoderWay, ProcessorWay
 
 
 MAIN_TITLE = "encoder cache per reuse level"
@@ -159,10 +162,9 @@ def level_json(level: LevelResult) -> dict:
         "build_s": round(level.build_s, 3),
         "instances": instances_json(level),
         "router": None if routed is None else routed.json(),
-        "layers": (None if (seen := layers.observed(level.delta)) is None
-                   else layers.compared(plan, seen)),
+        "layers": None if (seen := observed(level.delta)) is None else compared(plan, seen),
         "verdict": {"status": verdict.status, "text": verdict.text},
-        **({"pd_instance": {**pd, "layers": layers.observed(level.delta, epd.PD)}}
+        **({"pd_instance": {**pd, "layers": observed(level.delta, epd.PD)}}
            if (pd := epd.pd_counts(level.delta)) is not None else {}),
     }
 
@@ -299,12 +301,27 @@ def _layers_table(rows: list[dict]):
     from rich.table import Table
 
     table = Table()
-    for name in ("reuse", *layers.COLUMNS):
+    for name in ("reuse", *LAYER_COLUMNS):
         table.add_column(name, justify="right")
     for r in rows:
         if r["layers"]:
-            table.add_row(f"{r['reuse']:g}", *layers.cells(r["layers"]))
+            table.add_row(f"{r['reuse']:g}", *_layer_cells(r["layers"]))
     return table
+
+
+def _layer_cells(side: dict) -> list[str]:
+    """A level's row of the layers table: observed (planned) where the plan says."""
+    plan, seen = side["planned"], side["observed"]
+    processor = [f"{seen['processor'][w]} ({plan['processor'][w]})" for w in
+                 (ProcessorWay.HIT, ProcessorWay.MISS, ProcessorWay.OFF)]
+    encoder = [str(seen["encoder"][w]) for w in SPARED]
+    saved = sum(seen["saved_s"].values())
+    return [*processor, *encoder, f"{seen['spared']} ({plan['spared']})",
+            f"{seen['encoder'][EncoderWay.COMPUTED]} ({plan['computed']})", f"{saved:.3f}"]
+
+
+LAYER_COLUMNS = ("processor hit", "processor miss", "processor off",
+                 *(layers.SERVED_BY[w] for w in SPARED), "spared", "computed", "work saved s")
 
 
 def _ttft_table(rows: list[dict]):

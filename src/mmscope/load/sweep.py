@@ -10,12 +10,12 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from mmscope.errors import UserError
-from mmscope.load import epd, layers, media_urls, readings, series
+from mmscope.load import epd, media_urls, readings, series
 from mmscope.load.client import Server, Timing
 from mmscope.load.fleet import Bounds, Shard, bounds
 from mmscope.load.plan import PROBE_LEVEL, LevelPlan, PlannedRequest, Workload
 from mmscope.load.readings import Pages, Reading
-from mmscope.load.verdict import Observed, Verdict, judge, lru_hits
+from mmscope.load.verdict import Observed, Verdict, judge, lru_hits, with_layers
 
 PROBE_TEXT = "mmscope load probe: how many embeddings does one image take?"
 
@@ -94,7 +94,7 @@ class LevelResult:
     def verdict(self) -> Verdict:
         verdict = epd.with_pd(judge(self.plan, self.observed, self.capacity_allows, self.routed),
                               self.plan.images, self.delta)
-        verdict = layers.with_layers(verdict, self.plan, self.delta)
+        verdict = with_layers(verdict, self.plan, self.delta)
         if self.fetches is None:
             return verdict
         return replace(verdict, text=f"{verdict.text}; {self.fetches.text()}")

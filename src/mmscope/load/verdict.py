@@ -1,19 +1,24 @@
 """Whether a level's observed encoder-cache hits agree with its plan, and if not, whether the
-cache's capacity explains the difference.
+cache's capacity explains the difference; and what each cache layer did against the plan.
 
 The cache-size model (vLLM's eviction rule), fed the plan in order, estimates the hits capacity
 allows; the evictions counter bounds what capacity can explain (each lost hit needs an eviction).
 Where a router spread the requests, repeats that reached instances without their image explain
-the rest, down to the fewest hits any router gives.
+the rest, down to the fewest hits any router gives. Per layer (`vllm:mm_items_total`), the plan
+knows its repeats: with vLLM's processor cache on, a repeat hits it first (its 4 GiB outlast the
+encoder cache), then the encoder cache, the prefix cache or the EC connector spares its encoder
+run; each distinct image is a processor miss and computed once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mmscope.cache_size import model
 from mmscope.cache_size.trace import FREE, MISS
+from mmscope.expose import layers
 from mmscope.load.fleet import Bounds
 from mmscope.load.plan import LevelPlan
+from mmscope.vocabulary import EncoderWay, ProcessorWay
 
 MATCH, EXPLAINED, ROUTED, UNEXPLAINED, EXCESS = ("match", "explained", "routed", "unexplained",
                                                  "excess")
@@ -102,3 +107,55 @@ def _queries_note(plan: LevelPlan, seen: Observed) -> str:
     else:
         why = "lookups skipped: a prefix-cache hit may cover images"
     return f"; {seen.queries} queries for {expected} images ({why})"
+
+
+# --- each cache layer against the plan ------------------------------------------------------
+SPARED = (EncoderWay.CACHE_HIT, EncoderWay.PREFIX_COVERED, EncoderWay.EC_LOADED)
+
+
+def observed(delta: dict[str, float], prefix: str = "") -> dict | None:
+    """The level's items by way and the seconds saved, of the series under `prefix` (an EPD
+    pair's PD instance: `pd:`); None where the server has no such series."""
+    return layers.read({k[len(prefix):]: v for k, v in delta.items() if k.startswith(prefix)})
+
+
+def planned(plan: LevelPlan, processor_cache: bool) -> dict:
+    """What the plan gives each layer: the repeats hit the processor cache (where it is on) and
+    are spared the encoder by one of its caches; the distinct images miss and are computed."""
+    repeats, distinct = plan.planned_hits, plan.distinct
+    processor = ({ProcessorWay.HIT: repeats, ProcessorWay.MISS: distinct, ProcessorWay.OFF: 0}
+                 if processor_cache else
+                 {ProcessorWay.HIT: 0, ProcessorWay.MISS: 0, ProcessorWay.OFF: plan.images})
+    return {"processor": {str(k): v for k, v in processor.items()},
+            "spared": repeats, "computed": distinct}
+
+
+def compared(plan: LevelPlan, seen: dict) -> dict:
+    """The plan and what the server counted, side by side. The processor cache is on where the
+    server looked any item up."""
+    on = seen["processor"][ProcessorWay.OFF] < seen["items"] or not seen["items"]
+    return {"planned": planned(plan, on), "observed": {
+        **seen, "spared": sum(seen["encoder"][w] for w in SPARED)}}
+
+
+def note(side: dict) -> str | None:
+    """What of the plan a layer did not do, or None where every layer did its part."""
+    plan, seen = side["planned"], side["observed"]
+    notes = []
+    hits, planned_hits = seen["processor"][ProcessorWay.HIT], plan["processor"][ProcessorWay.HIT]
+    if hits < planned_hits:
+        notes.append(f"processor cache {hits} of {planned_hits} planned hits (repeats it no "
+                     "longer held: --mm-processor-cache-gb)")
+    if seen["encoder"][EncoderWay.COMPUTED] > plan["computed"]:
+        notes.append(f"the encoder computed {seen['encoder'][EncoderWay.COMPUTED]} items for "
+                     f"{plan['computed']} distinct images")
+    return "; ".join(notes) or None
+
+
+def with_layers(verdict: Verdict, plan: LevelPlan, delta: dict[str, float]) -> Verdict:
+    """The verdict, with what the cache layers did against the plan where they differ."""
+    seen = observed(delta)
+    if seen is None:
+        return verdict
+    said = note(compared(plan, seen))
+    return verdict if said is None else replace(verdict, text=f"{verdict.text}; layers: {said}")
