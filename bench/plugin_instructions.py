@@ -2,6 +2,12 @@
 one in-process engine, batches of image chats, the plugin off, on with tracing off, and on with every
 range on, interleaved, each batch counted on its own.
 
+The chats go through `LLM.chat` with their images by URL, as a server's clients send them: data
+URLs and http URLs of a media server on loopback (in the parent process, outside the count), by
+turns, so vLLM's media connector, renderer and multimodal processor run as on the server, and with
+them the rows that apply once media come by URL. `--images pil` counts the offline batch given PIL
+images instead (`LLM.generate`): no media, render or processor-cache rows apply there.
+
 A batch's wall time moves by about ±5% here (a shared 2-core machine); the instructions an engine
 executes for the same batch repeat to about 0.3%, so each pair of batches resolves the added work to
 a tenth of a percent. Printed: each configuration against the bare batch of its pair, and the
@@ -9,8 +15,9 @@ instructions added per request and per engine step, from which the cost on a rea
 20-50 ms step can be read off. --cache-sim adds a cycle estimate (Ir + 10 x L1 misses + 100 x LL
 misses, the last level a core's 2 MiB share of a shared cache).
 
-Run: .venv/bin/python bench/plugin_instructions.py [--runner v1|v2] [--pairs 3] [--max-tokens 16,128]
-     [--requests 48] [--cache-sim] [--settle N] [--otlp] [--keep DIR]  |  --report DIR [--requests 48]
+Run: .venv/bin/python bench/plugin_instructions.py [--images data_url,http|data_url|http|pil]
+     [--runner v1|v2] [--pairs 3] [--max-tokens 16,128] [--requests 48] [--cache-sim] [--settle N]
+     [--each-hook] [--otlp] [--keep DIR]  |  --report DIR [--requests 48] [--images ...]
 --otlp: the engine traces requests (vLLM's --otlp-traces-endpoint) to an OTLP/gRPC receiver in this
 process (tests/kit/otlp.py), so every configuration, the bare one too, pays vLLM's own tracing and
 mmscope's figure is what it adds to vLLM's request spans; each counted batch ends by exporting its
@@ -28,6 +35,7 @@ the batches). Valgrind runs the engine about 130x slower: a 16-token batch takes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import re
@@ -73,15 +81,86 @@ def non_negative(text: str) -> int:
     return value
 
 
-def workload_batch(batch_no: int, requests: int) -> list[dict]:
-    """Single-image requests; half the images repeat earlier ones of the batch (hits and misses
-    both exercised); fresh images per batch, so that each batch does the same encoder work."""
+PIL = "pil"
+URL_SOURCES = ("data_url", "http")  # what the media connector fetches (load/media_urls.py's words)
+
+
+def image_sources(text: str) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    if values == (PIL,) or (values and set(values) <= set(URL_SOURCES)):
+        return values
+    raise argparse.ArgumentTypeError(f"{text!r}: choose {PIL}, or URL sources among "
+                                     f"{', '.join(URL_SOURCES)} (comma-separated, taken by turns)")
+
+
+def image_seeds(batch_no: int, requests: int) -> list[int]:
+    """Each request's image: a quarter of the requests repeat an earlier request's image (hits
+    and misses both exercised); fresh images per batch, so that each batch does the same encoder
+    and processor work."""
+    base = 100_000 * batch_no
+    return [base + (i // 2 if i % 2 else i) for i in range(requests)]
+
+
+def url_sources(seeds: list[int], sources: tuple[str, ...]) -> list[str]:
+    """Each request's URL source: the batch's images take the sources by turns in the order they
+    first come; a repeat comes as its image came."""
+    turn = {seed: sources[n % len(sources)] for n, seed in enumerate(dict.fromkeys(seeds))}
+    return [turn[seed] for seed in seeds]
+
+
+def batches_at_most(args) -> int:
+    """The batches a run makes, at most (--each-hook: one configuration per row of the table)."""
+    from mmscope.vllm.targets import TABLE
+
+    configurations = 3 + (len(TABLE.rows) if args.each_hook else 0)
+    return len(args.max_tokens) * (2 + args.pairs * configurations * (1 + args.settle))
+
+
+def png(seed: int) -> bytes:
+    import io
+
     from mmscope.demo.inputs import image
 
-    base = 100_000 * batch_no
-    return [{"prompt": f"<s>user: <image>Question {i}?\nassistant:",
-             "multi_modal_data": {"image": image(base + (i // 2 if i % 2 else i))}}
-            for i in range(requests)]
+    buf = io.BytesIO()
+    image(seed).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def served_name(seed: int) -> str:
+    return f"{seed}.png"
+
+
+def image_url(source: str, seed: int, media_url: str | None) -> str:
+    if source == "http":
+        from mmscope.load.media_server import PATH_PREFIX
+
+        return f"{media_url}{PATH_PREFIX}{served_name(seed)}"
+    import base64
+
+    return "data:image/png;base64," + base64.b64encode(png(seed)).decode()
+
+
+def workload_batch(batch_no: int, requests: int, images: tuple[str, ...],
+                   media_url: str | None) -> list:
+    """Single-image requests: chats whose image comes by URL, each image's source taken by
+    turns (a repeat has its image's source), or prompts given PIL images."""
+    seeds = image_seeds(batch_no, requests)
+    if images == (PIL,):
+        from mmscope.demo.inputs import image
+
+        return [{"prompt": f"<s>user: <image>Question {i}?\nassistant:",
+                 "multi_modal_data": {"image": image(seed)}} for i, seed in enumerate(seeds)]
+    return [[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": image_url(source, seed, media_url)}},
+        {"type": "text", "text": f"Question {i}?"}]}]
+        for i, (seed, source) in enumerate(zip(seeds, url_sources(seeds, images)))]
+
+
+def run_batch(llm, batch: list, params) -> None:
+    if batch and isinstance(batch[0], list):  # chats
+        llm.chat(batch, params, use_tqdm=False)
+    else:
+        llm.generate(batch, params, use_tqdm=False)
 
 
 def engine(model: str, otlp_endpoint: str | None):
@@ -107,24 +186,25 @@ def apply(instrumentor, name: str, trace_dir: str) -> None:
     instrumentor.instrument()
     instrumentor.uninstrument()
     tracing.configure("chrome" if name == EVERY_RANGE else "off", trace_dir)
+    # Kept through the batches: the rows applied once media come by URL read it then.
+    os.environ.pop("MMSCOPE_SKIP_HOOKS", None)
     if name.startswith(WITHOUT):
         os.environ["MMSCOPE_SKIP_HOOKS"] = name.removeprefix(WITHOUT)
     if name != BARE:
         instrumentor.instrument()
-    os.environ.pop("MMSCOPE_SKIP_HOOKS", None)
 
 
-def hooks_at_work(instrumentor, llm, params, batch_no: int, requests: int) -> list[str]:
+def hooks_at_work(instrumentor, llm, batch: list, params) -> list[str]:
     """--each-hook: the rows that may do something in this engine: of its worker's runner or of
-    none, applied at start, and still applied after a batch (a row that retires itself in-process
-    costs nothing a step)."""
+    none, applied at start or once media come by URL, and still applied after a batch (a row that
+    retires itself in-process costs nothing a step)."""
     from mmscope.vllm import runners
     from mmscope.vllm.patching import Status, When
 
-    llm.generate(workload_batch(batch_no, requests), params, use_tqdm=False)
+    run_batch(llm, batch, params)
     runner = runners.runner_of(llm.llm_engine.model_executor.driver_worker.worker.model_runner)
     return [h.name for h in instrumentor.table if h.status is Status.APPLIED
-            and h.when is When.START and runners.applies(h, runner)]
+            and h.when in (When.START, When.MEDIA) and runners.applies(h, runner)]
 
 
 def fail(message: str) -> None:
@@ -168,32 +248,32 @@ def child(args) -> None:
     instrumentor = get_instrumentor()
     names = [BARE, TRACING_OFF] + ([] if args.no_chrome or args.each_hook else [EVERY_RANGE])
     batch_no = 0
+
+    def next_batch() -> list:
+        nonlocal batch_no
+        batch_no += 1
+        return workload_batch(batch_no, args.requests, args.images, args.media_url)
+
     with tempfile.TemporaryDirectory() as trace_dir:
         for n in args.max_tokens:
             params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
             apply(instrumentor, TRACING_OFF, trace_dir)
             # One full batch uncounted: the first one at a length allocates what later ones reuse.
-            batch_no += 1
-            llm.generate(workload_batch(batch_no, args.requests), params, use_tqdm=False)
+            run_batch(llm, next_batch(), params)
             if args.each_hook:
-                batch_no += 1
                 names = [BARE, TRACING_OFF] + [
-                    WITHOUT + h for h in hooks_at_work(instrumentor, llm, params, batch_no,
-                                                       args.requests)]
+                    WITHOUT + h for h in hooks_at_work(instrumentor, llm, next_batch(), params)]
             for pair in range(args.pairs):
                 # Rotated each pair: no configuration always runs first or after the same one.
                 for name in names[pair % len(names):] + names[:pair % len(names)]:
                     apply(instrumentor, name, trace_dir)
                     for _ in range(args.settle):
-                        batch_no += 1
-                        llm.generate(workload_batch(batch_no, args.requests), params,
-                                     use_tqdm=False)
-                    batch_no += 1
-                    batch = workload_batch(batch_no, args.requests)
+                        run_batch(llm, next_batch(), params)
+                    batch = next_batch()
                     steps = step_telemetry._telemetry().step
                     gc.collect()
                     mark.mark_start()
-                    llm.generate(batch, params, use_tqdm=False)
+                    run_batch(llm, batch, params)
                     tracing.flush()  # the batch's events formatted and written, counted
                     if args.otlp_endpoint:
                         from opentelemetry import trace
@@ -206,17 +286,37 @@ def child(args) -> None:
 
 def run_child(args, out_dir: str) -> None:
     sys.path.insert(0, str(ROOT))
-    if not args.otlp:
-        return count(args, out_dir, None)
-    from tests.kit.otlp import Receiver
+    with contextlib.ExitStack() as stack:
+        media_url = None
+        if "http" in args.images:
+            media_url = stack.enter_context(media_server(args)).url
+        otlp_endpoint = None
+        if args.otlp:
+            from tests.kit.otlp import Receiver
 
-    with Receiver() as receiver:
-        count(args, out_dir, receiver.endpoint)
-        print(f"plugin_instructions: the receiver got {len(receiver.spans())} spans",
-              file=sys.stderr)
+            receiver = stack.enter_context(Receiver())
+            otlp_endpoint = receiver.endpoint
+        count(args, out_dir, otlp_endpoint, media_url)
+        if args.otlp:
+            print(f"plugin_instructions: the receiver got {len(receiver.spans())} spans",
+                  file=sys.stderr)
 
 
-def count(args, out_dir: str, otlp_endpoint: str | None) -> None:
+def media_server(args):
+    """The loopback media server every http image of the run comes from, outside the counted
+    process: its answers are no work of the engine's."""
+    from mmscope.load.media_server import MediaServer
+
+    server = MediaServer()
+    for batch_no in range(1, batches_at_most(args) + 1):
+        seeds = image_seeds(batch_no, args.requests)
+        for seed, source in dict(zip(seeds, url_sources(seeds, args.images))).items():
+            if source == "http":
+                server.add(served_name(seed), png(seed), "image/png")
+    return server
+
+
+def count(args, out_dir: str, otlp_endpoint: str | None, media_url: str | None) -> None:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         fail("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -227,18 +327,24 @@ def count(args, out_dir: str, otlp_endpoint: str | None) -> None:
            sys.executable, os.path.abspath(__file__), "--child", "--marker", marker,
            "--pairs", str(args.pairs), "--requests", str(args.requests),
            "--settle", str(args.settle), "--runner", args.runner,
-           "--max-tokens", ",".join(map(str, args.max_tokens))]
+           "--max-tokens", ",".join(map(str, args.max_tokens)),
+           "--images", ",".join(args.images)]
+    cmd += ["--media-url", media_url] if media_url else []
     cmd += ["--no-chrome"] if args.no_chrome else []
     cmd += ["--each-hook"] if args.each_hook else []
     cmd += ["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else []
     # Passive OpenMP threads sleep instead of spinning: a spin loop's instruction count depends
-    # on timing, and Valgrind runs one thread at a time. VLLM_CPU_KVCACHE_SPACE as in the tests.
+    # on timing, and Valgrind runs one thread at a time. vLLM's stats line (every 10 s of wall
+    # time) is stretched as the plugin's timers are: else a batch would count as many lines as
+    # Valgrind's slowdown and the machine's load make, not the one in ten seconds it writes.
+    # VLLM_CPU_KVCACHE_SPACE as in the tests.
     # PYTHONPATH: vLLM inspects the model class in a subprocess, which needs the tiny LLaVA's
     # imports too (environment.install() covers only this process).
     from mmscope.demo import environment
 
     pythonpath = environment.pythonpath(os.environ.get("PYTHONPATH"))
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PYTHONPATH=pythonpath)
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PYTHONPATH=pythonpath,
+               VLLM_LOG_STATS_INTERVAL=str(EMISSION_TIMER_S))
     env.update(runner_environment(args.runner, pythonpath))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     log_path = os.path.join(out_dir, "child.log")
@@ -306,7 +412,13 @@ def cycles(events: dict[str, int]) -> int:
     return sum(events.get(k, 0) * w for k, w in CYCLE_WEIGHTS.items())
 
 
-def report(counts, requests: int, where: str, runner: str) -> None:
+def images_label(images: tuple[str, ...]) -> str:
+    if images == (PIL,):
+        return "prompts given PIL images (LLM.generate)"
+    return f"chats with images as {' and '.join(images)} URLs (LLM.chat)"
+
+
+def report(counts, requests: int, where: str, runner: str, images: tuple[str, ...]) -> None:
     """Per answer length and configuration: the median batch, and each batch against the bare
     batch of its pair."""
     if not counts:
@@ -318,8 +430,8 @@ def report(counts, requests: int, where: str, runner: str) -> None:
         pairs = sorted({p for m, p, _ in counts if m == n})
         names = [BARE] + [name for name in dict.fromkeys(c for m, _, c in counts if m == n)
                           if name != BARE and not name.startswith(WITHOUT)]
-        print(f"== {engine_label(runner)}: {n} tokens a request, {requests} image requests "
-              f"a batch, {len(pairs)} batches per configuration")
+        print(f"== {engine_label(runner)}: {n} tokens a request, {requests} single-image "
+              f"{images_label(images)} a batch, {len(pairs)} batches per configuration")
         for what, measure in measures:
             print(f"{what}: per batch, and against the bare batch of the same pair")
             for name in names:
@@ -373,6 +485,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=answer_lengths, default=[16, 128],
                     help="answer lengths, comma-separated (default 16,128)")
     ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--images", type=image_sources, default=URL_SOURCES,
+                    help="how the chats' images come: URL sources taken by turns (default "
+                         "data_url,http: inline, and from a media server on loopback), or pil: "
+                         "the offline batch given PIL images (LLM.generate)")
+    ap.add_argument("--media-url", help=argparse.SUPPRESS)
     ap.add_argument("--runner", choices=("v1", "v2", "standalone"), default=None,
                     help="vLLM's model runner (default v1, vLLM CPU 0.32's own; standalone under "
                          "vLLM 0.34)")
@@ -407,17 +524,17 @@ def main() -> None:
     if args.child:
         return child(args)
     if args.report:
-        return report(read_dumps(args.report), args.requests, args.report, args.runner)
+        return report(read_dumps(args.report), args.requests, args.report, args.runner, args.images)
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
         if any(Path(args.keep).glob("cg.out.*")):
             fail(f"{args.keep} already holds Callgrind dumps; name an empty folder")
         out_dir = args.keep
         run_child(args, out_dir)
-        return report(read_dumps(out_dir), args.requests, out_dir, args.runner)
+        return report(read_dumps(out_dir), args.requests, out_dir, args.runner, args.images)
     with tempfile.TemporaryDirectory(prefix="mmscope-callgrind-") as out_dir:
         run_child(args, out_dir)
-        report(read_dumps(out_dir), args.requests, out_dir, args.runner)
+        report(read_dumps(out_dir), args.requests, out_dir, args.runner, args.images)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ cache's lookups.
 """
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 
 from mmscope import stages
@@ -35,21 +36,25 @@ class Item:
     """One item being loaded: where from, what it is, when it started (ns), when its bytes were
     in hand (the decode's start; None while fetching), the bytes and the decode's range."""
 
-    __slots__ = ("source", "modality", "start_ns", "fetched_ns", "bytes", "fetch_range")
+    __slots__ = ("source", "modality", "start_ns", "fetched_ns", "bytes", "fetch_range",
+                 "fetch_stage", "decode_stage")
 
     def __init__(self, source: str, modality: str, start_ns: int, fetch_range=None):
         self.source, self.modality, self.start_ns = source, modality, start_ns
         self.fetched_ns: int | None = None
         self.bytes = 0
         self.fetch_range = fetch_range  # tracing's interval while tracing, else None
+        self.fetch_stage, self.decode_stage = _stages(source, modality)
 
-    @property
-    def fetch_stage(self) -> str:
-        return stages.media_range(stages.MEDIA_FETCH, self.source, self.modality)
 
-    @property
-    def decode_stage(self) -> str:
-        return stages.media_range(stages.MEDIA_DECODE, self.source, self.modality)
+@functools.cache
+def _stages(source: str, modality: str) -> tuple[str, str]:
+    """An item's fetch and decode stage names, made once per source and modality."""
+    return (stages.media_range(stages.MEDIA_FETCH, source, modality),
+            stages.media_range(stages.MEDIA_DECODE, source, modality))
+
+
+_key = functools.cache(counts.key)  # the wire keys of a few sources and modalities, made once
 
 
 class Render:
@@ -108,7 +113,7 @@ class MediaCounts(counts.Counts):
         self.sizes: list[tuple[str, str, int]] = []  # (source, modality, bytes) of each item
 
     def loaded(self, item: Item) -> None:
-        self.add(counts.key(BYTES, item.source, item.modality), item.bytes)
+        self.add(_key(BYTES, item.source, item.modality), item.bytes)
         self.sizes.append((item.source, item.modality, item.bytes))
 
     def take_sizes(self) -> list[tuple[str, str, int]]:

@@ -65,8 +65,15 @@ def _io_classes() -> tuple:
     return (ImageMediaIO, "image"), (VideoMediaIO, "video"), (AudioMediaIO, "audio")
 
 
+@functools.cache
+def _modality_of_type(kind: type) -> str | None:
+    return next((m for cls, m in _io_classes() if issubclass(kind, cls)), None)
+
+
 def modality_of(media_io) -> str | None:
-    return next((m for cls, m in _io_classes() if isinstance(media_io, cls)), None)
+    """The modality vLLM made this media IO for (None: not one of its media IOs), by its type:
+    looked up once per type, for every item's load asks."""
+    return _modality_of_type(type(media_io))
 
 
 # --- one item: MediaConnector.load_from_url[_async] and the media IO's decode -------------------
@@ -79,9 +86,9 @@ def _begin(hook, url, media_io) -> media_loads.Item | None:
         table = hook.table
         if table.by_name[LOOKUP_ROW].status is Status.NOT_APPLIED:
             table.apply(When.MEDIA, table.version)  # this render's prompts are processed after
-        name = stages.media_range(stages.MEDIA_FETCH, source, modality)
-        item = media_loads.Item(source, modality, time.perf_counter_ns(),
-                          tracing.interval(name) if tracing.on else None)
+        item = media_loads.Item(source, modality, time.perf_counter_ns())
+        if tracing.on:
+            item.fetch_range = tracing.interval(item.fetch_stage)
         _loading[id(media_io)] = item
         return item
     except Exception as e:  # noqa: BLE001 - ours: the hook turns off, vLLM goes on

@@ -32,25 +32,30 @@ def hash_branch(obj) -> str:
     """The MultiModalHasher.serialize_item branch that serializes `obj` (vLLM 0.32's order). A
     list, tuple or dict is hashed element by element: it is named after its first element, the
     media (a video's `(frames, metadata)` is its frames' ndarray)."""
-    ndarray, tensor, image, media_with_bytes = _hash_types()
     if isinstance(obj, (list, tuple)) and obj:
         return hash_branch(obj[0])
     if isinstance(obj, dict) and obj:
         return hash_branch(next(iter(obj.values())))
-    if isinstance(obj, (bytes, memoryview)):
-        return "bytes"
-    if isinstance(obj, str):
-        return "str"
-    if isinstance(obj, (int, float)):
-        return "number"
-    if isinstance(obj, image):
-        return "pil_image"
-    if isinstance(obj, media_with_bytes):
-        return "image_bytes" if isinstance(obj.media, image) else "video"
-    if isinstance(obj, tensor):
-        return "tensor"
-    if isinstance(obj, ndarray):
-        return "ndarray"
+    branch = _branch_of_type(type(obj))
+    if branch is _MEDIA_WITH_BYTES:
+        return "image_bytes" if isinstance(obj.media, _hash_types()[2]) else "video"
+    return branch
+
+
+_MEDIA_WITH_BYTES = "media_with_bytes"  # named after its media: an image's bytes or a video
+
+
+@functools.cache
+def _branch_of_type(kind: type) -> str:
+    """Every other object's branch follows from its type alone: looked up once per type, for
+    an item is hashed on every request."""
+    ndarray, tensor, image, media_with_bytes = _hash_types()
+    for classes, branch in (((bytes, memoryview), "bytes"), (str, "str"),
+                            ((int, float), "number"), (image, "pil_image"),
+                            (media_with_bytes, _MEDIA_WITH_BYTES), (tensor, "tensor"),
+                            (ndarray, "ndarray")):
+        if issubclass(kind, classes):
+            return branch
     return "pickle"
 
 
@@ -59,8 +64,15 @@ def _hash_range(items_kwargs: dict) -> str:
     return stages.hash_range(hash_branch(items[0]) if len(items) == 1 else "mixed")
 
 
-# Set on the thread that runs vLLM's warm-up or profile run (docs/design.md §5 "warm-up").
-_warm_up = threading.local()
+class _WarmUp(threading.local):
+    """Set on the thread that runs vLLM's warm-up or profile run (docs/design.md §5 "warm-up");
+    off on every other thread by the class's default, read on every stage without a getattr's
+    missing-attribute path."""
+
+    on = False
+
+
+_warm_up = _WarmUp()
 
 
 def dummy_inputs_made(hook, wrapped, processor, args, kwargs):
@@ -77,12 +89,12 @@ def dummy_inputs_made(hook, wrapped, processor, args, kwargs):
 
 def warming_up() -> bool:
     """vLLM's warm-up or profile run is making dummy inputs on this thread."""
-    return getattr(_warm_up, "on", False)
+    return _warm_up.on
 
 
 def _collector():
     """Where a stage's duration goes: FRONTEND, or nowhere during a warm-up."""
-    return UNCOUNTED if warming_up() else FRONTEND
+    return UNCOUNTED if _warm_up.on else FRONTEND
 
 
 class _HfProcessorTimed:
@@ -133,6 +145,9 @@ def processor_stage(hook, wrapped, timing, args, kwargs, stage):
     With it off (`enabled` false, the default) vLLM's record() only yields: the stage timer then
     stands in for that no-op block rather than nesting it; with it on, it wraps vLLM's timer."""
     inner = wrapped(*args, **kwargs) if timing.enabled else None
-    collector = (UNCOUNTED if warming_up() else _HfProcessorTimed if stage == stages.HF_PROCESSOR
+    collector = (UNCOUNTED if _warm_up.on else _HfProcessorTimed if stage == stages.HF_PROCESSOR
                  else FRONTEND)
-    return timed_stage(stages.processor_range(stage), collector, inner)
+    return timed_stage(_processor_range(stage), collector, inner)
+
+
+_processor_range = functools.cache(stages.processor_range)  # five stages a prompt, few names
