@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.test_cache_layers import (CHATS, agree_with_the_counters, reading, saved,
-                                            settled, ways)
+from tests.kit.item_ways import CHATS, agree_with_the_counters, reading, saved, settled, ways
 from tests.kit.server import chat
 
 pytestmark = pytest.mark.vllm

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from mmscope import stages
-from tests.engine.test_cache_layers import agree_with_the_counters, ways
+from tests.kit.item_ways import agree_with_the_counters, ways
 from tests.kit import runners, traces as tk
 
 pytestmark = [pytest.mark.vllm, pytest.mark.runners]

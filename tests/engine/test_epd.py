@@ -23,8 +23,8 @@ from mmscope.demo.serve import VllmServer
 from mmscope.load.client import json_text
 from mmscope.load.epd import primers
 from mmscope.demo.tiny_llava import IMAGE_TOKENS
-from tests.engine.test_cache_layers import agree_with_the_counters, reading, saved, ways
-from tests.engine.test_cache_layers import settled as settled_ways
+from tests.kit.item_ways import agree_with_the_counters, reading, saved, ways
+from tests.kit.item_ways import settled as settled_ways
 from tests.kit import otlp, runners, traces as tk
 from tests.kit.prometheus import Prometheus
 from tests.kit.server import data_url, histograms, metrics
