@@ -13,6 +13,7 @@ import pytest
 from mmscope import stages
 from mmscope.demo.tiny_model import IMAGE_TOKENS
 from tests.kit import otlp, traces, vllm034
+from tests.kit.item_ways import saved, ways
 from tests.kit.server import chat, histograms, metrics
 
 WORKLOAD = [([3401], "What is this?"), ([3401], "And this?"), ([], "Text only"),
@@ -47,12 +48,14 @@ def served(tiny_model, tmp_path_factory):
 
 
 def settled(srv, before: dict, timeout_s: float = 30) -> dict:
-    """/metrics once it shows the workload's three items (the engine sends at most every second)."""
+    """/metrics once it shows the workload's three items, in the encoder cache's queries and by
+    their ways (the engine sends at most every second)."""
     deadline = time.monotonic() + timeout_s
     while True:
         now = metrics(srv.url)
-        if now.get("encoder_cache_queries", 0) - before.get("encoder_cache_queries", 0) >= 3 \
-                or time.monotonic() > deadline:
+        grew = {k: now.get(k, 0) - before.get(k, 0) for k in now}
+        items = sum(v for k, v in grew.items() if k.startswith("mm_items{"))
+        if min(grew.get("encoder_cache_queries", 0), items) >= 3 or time.monotonic() > deadline:
             time.sleep(1.5)  # one more interval: the histograms come with the counts
             return metrics(srv.url)
         time.sleep(0.3)
@@ -65,6 +68,18 @@ def test_a_a_text_b_is_counted_exactly_in_items_and_embeddings(served):
                      "encoder_cache_misses": 2, "encoder_cache_query_embeds": 3 * IMAGE_TOKENS,
                      "encoder_cache_hit_embeds": IMAGE_TOKENS,
                      "encoder_cache_miss_embeds": 2 * IMAGE_TOKENS}
+
+
+def test_each_item_counted_once_by_its_way_and_what_the_caches_saved(served):
+    """vLLM's processor cache is on by default: the repeat of 3401 hits it first, then the encoder
+    cache; the ways add up to vLLM's `mm_cache_*` and mmscope's encoder-cache counters."""
+    srv, before, after, _ = served
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
+    assert ways(delta) == ({"miss": 2, "hit": 1}, {"computed": 2, "cache_hit": 1})
+    assert (delta["mm_cache_queries"], delta["mm_cache_hits"]) == (3, 1)
+    work = saved(delta)
+    assert work["processor_cache"] > 0 and work["encoder_cache"] > 0
+    assert work["prefix_cache"] == work["ec_connector"] == 0
 
 
 def test_every_hook_of_this_release_is_on_and_none_turned_off(served):
