@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from mmscope.analyze.ranges.nesting import offsets, position_type, walk_of
+from mmscope.analyze.ranges.nesting import position_type, walk_of
 
 NONE = -1  # no device work: first and last of a range without ops
 _UNSET = np.iinfo(np.int64).max  # first while it is computed: min() takes any start over it
@@ -59,19 +59,6 @@ class PerRange:
     kernel_ns: np.ndarray
     ops: np.ndarray
     owners: list[np.ndarray]
-
-
-@njit(cache=True, nogil=True)
-def _by_group(walk, group, n_groups):
-    """The rows of each nesting group in nesting order: rows[off[g]:off[g + 1]]."""
-    off = offsets(group, n_groups)
-    at = off[:n_groups].copy()
-    rows = np.empty(len(walk), walk.dtype)
-    for k in range(len(walk)):
-        i = walk[k]
-        rows[at[group[i]]] = i
-        at[group[i]] += 1
-    return rows, off
 
 
 @njit(cache=True, nogil=True)
@@ -146,7 +133,7 @@ def per_range(table) -> PerRange:
     work = table.device
     n = len(table)
     walk = walk_of(n, table.order)
-    rows, off = _by_group(walk, table.group, len(table.threads) * table.n_subs)
+    rows, off = table.rows_by_group()
     at = np.searchsorted(table.threads, work.thread)
     found = (at < len(table.threads)) & (table.threads[np.minimum(at, len(table.threads) - 1)]
                                          == work.thread)
@@ -154,7 +141,7 @@ def per_range(table) -> PerRange:
     owners = np.empty((table.n_subs, len(work)), position_type(n))
     _owners(op_thread, work.call_start, rows, off, table.start, table.end, table.parent,
             table.n_subs, owners)
-    del rows, off, op_thread
+    del op_thread
     first, last = np.full(n, _UNSET, np.int64), np.full(n, NONE, np.int64)
     kernel_ns, ops = np.zeros(n, np.int64), np.zeros(n, np.int32)
     if work.spans is not None:
@@ -164,8 +151,7 @@ def per_range(table) -> PerRange:
     _project(owners, work.start, work.end, work.spans is None, walk, table.parent, first, last,
              kernel_ns, ops)
     none = first == _UNSET
-    if table.end_thread is not table.thread:
-        none |= table.end_thread != table.thread
+    none[table.ends_elsewhere[0]] = True
     last -= first  # the span, in place (these columns are long)
     last[none] = NONE
     return PerRange(device_ns=last, kernel_ns=kernel_ns, ops=ops, owners=list(owners))

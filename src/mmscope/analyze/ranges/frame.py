@@ -24,12 +24,12 @@ class Frame:
     processes: list[dict]        # processes.describe
     roles: list[str]             # role labels, in the order of the tree's roots
     nodes: tree.Nodes
-    ranges: dict[str, np.ndarray]  # per row: stage, node, thread, start, end, parent (+ device)
+    ranges: dict[str, np.ndarray]  # per row: stage, node, start, end, parent (+ device)
     kernels: dict[int, list[dict]]  # per stage id, its top kernels (none without a device side)
 
 
 def build(table: RangeTable, raw_names: bool = False) -> Frame:
-    """`ranges` holds every range: stage, node, thread, start, end, parent row; and where the
+    """`ranges` holds every range: stage, node, start, end, parent row; and where the
     profile has a device side device_ns (-1: none) and kernel_ns (device.per_range). Names that
     differ only in numbers are one stage (families.py) unless `raw_names`."""
     _find_catalogue_rows(table)
@@ -45,8 +45,8 @@ def build(table: RangeTable, raw_names: bool = False) -> Frame:
                                for t in threads.tolist()], np.int64)
     nodes = tree.build(table, stage, thread_code, role_of_thread, len(stage_list), len(roles))
     del thread_code
-    ranges = {"stage": stage, "node": nodes.of_row, "thread": table.thread,
-              "start": table.start, "end": table.end, "parent": table.parent}
+    ranges = {"stage": stage, "node": nodes.of_row, "start": table.start, "end": table.end,
+              "parent": table.parent}
     kernels = {}
     if table.device is not None:
         got = device.per_range(table)

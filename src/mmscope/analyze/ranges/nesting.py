@@ -59,7 +59,15 @@ def dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     keys = found[:made]
     rank = np.empty(made, codes.dtype)
     rank[np.argsort(keys, kind="stable")] = np.arange(made, dtype=codes.dtype)
-    return rank[codes], np.sort(keys)
+    _renumber(codes, rank)
+    return codes, np.sort(keys)
+
+
+@njit(cache=True, nogil=True)
+def _renumber(codes, new):
+    """codes[i] = new[codes[i]], in place."""
+    for i in range(len(codes)):
+        codes[i] = new[codes[i]]
 
 
 @njit(cache=True, nogil=True)
@@ -113,6 +121,19 @@ def offsets(labels, n_labels):
     for g in range(n_labels):
         off[g + 1] += off[g]
     return off
+
+
+@njit(cache=True, nogil=True)
+def by_group(walk, group, n_groups):
+    """The rows of each nesting group in nesting order: rows[off[g]:off[g + 1]]."""
+    off = offsets(group, n_groups)
+    at = off[:n_groups].copy()
+    rows = np.empty(len(walk), walk.dtype)
+    for k in range(len(walk)):
+        i = walk[k]
+        rows[at[group[i]]] = i
+        at[group[i]] += 1
+    return rows, off
 
 
 def position_type(n: int):

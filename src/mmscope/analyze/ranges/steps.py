@@ -94,7 +94,7 @@ def step_join(frame) -> StepPairs:
     table = frame.table
     metas, shapes = step_meta_rows(table)  # in row order
     fwd = table.rows_named(stages.FORWARD)
-    at = asof(table.thread[fwd], table.start[fwd], table.thread[metas], table.start[metas])
+    at = asof(table, fwd, metas)
     joined = at >= 0
     fwd, meta = fwd[joined], metas[at[joined]]
     del at, joined
@@ -102,7 +102,7 @@ def step_join(frame) -> StepPairs:
     fwd, meta = fwd[order], meta[order]  # row positions, in 32 bits where they fit
     start = table.start[fwd]
     ids = table.name_id[meta]
-    return StepPairs({"forward_row": fwd, "meta_row": meta, "thread": table.thread[fwd],
+    return StepPairs({"forward_row": fwd, "meta_row": meta, "thread": table.thread_of(fwd),
                       "start": start, "forward_ns": table.end[fwd] - start,
                       **{k: shapes[ids, j] for j, k in enumerate(SHAPE_FIELDS)}})
 
@@ -112,7 +112,7 @@ def _forward_of(table: RangeTable, pre: np.ndarray) -> np.ndarray:
     whose nearest preceding preprocess on their thread it is; -1: none."""
     fwd = table.rows_named(stages.FORWARD)
     fwd = fwd[np.argsort(table.start[fwd], kind="stable")]
-    at = asof(table.thread[fwd], table.start[fwd], table.thread[pre], table.start[pre])
+    at = asof(table, fwd, pre)
     joined = at >= 0
     at, fwd = at[joined], fwd[joined]
     steps, first = np.unique(at, return_index=True)  # the first of each in (start, row) order
@@ -141,7 +141,7 @@ def steps_of(frame, pairs: StepPairs) -> Steps:
         meta[hit] = pairs["meta_row"][at[hit]]
     shapes = step_meta_rows(table)[1][table.name_id[np.maximum(meta, 0)]]
     shapes[meta < 0] = -1
-    cols = {"pre": pre, "forward": forward, "meta": meta, "thread": table.thread[pre],
+    cols = {"pre": pre, "forward": forward, "meta": meta, "thread": table.thread_of(pre),
             "start": table.start[pre], "pre_ns": table.end[pre] - table.start[pre],
             "encoder_ns": _encoder_time(table, pre),
             "forward_ns": np.where(forward >= 0, table.end[forward] - table.start[forward], 0),
@@ -180,7 +180,7 @@ def cut_metas(frame, metas: np.ndarray) -> np.ndarray:
     table = frame.table
     last_meta = _latest_start(table, step_meta_rows(table)[0])
     last_forward = _latest_start(table, table.rows_named(stages.FORWARD))
-    cut = [m for m, thread, start in zip(metas.tolist(), table.thread[metas].tolist(),
+    cut = [m for m, thread, start in zip(metas.tolist(), table.thread_of(metas).tolist(),
                                          table.start[metas].tolist())
            if start == last_meta[thread] and last_forward.get(thread, -1) < start]
     return np.array(cut, np.int64)
@@ -188,7 +188,7 @@ def cut_metas(frame, metas: np.ndarray) -> np.ndarray:
 
 def _latest_start(table: RangeTable, rows: np.ndarray) -> dict[int, int]:
     """{thread: the latest start of these rows on it}."""
-    threads, inverse = np.unique(table.thread[rows], return_inverse=True)
+    threads, inverse = np.unique(table.thread_of(rows), return_inverse=True)
     latest = np.full(len(threads), np.iinfo(np.int64).min)
     np.maximum.at(latest, inverse, table.start[rows])
     return dict(zip(threads.tolist(), latest.tolist()))

@@ -76,8 +76,7 @@ def profile_info(path: str, built) -> dict:
     return {"path": path, "format": table.source, "clock": table.clock, "ranges": n,
             "marks": int((table.kind == MARK).sum()),
             "unclosed": int(table.unclosed.sum()),
-            "cross_thread": (0 if table.end_thread is table.thread  # one array: none crosses
-                             else int((table.end_thread != table.thread).sum())),
+            "cross_thread": len(table.ends_elsewhere[0]),
             "threads": sum(len(p["threads"]) for p in built.processes),
             "processes": built.processes, "roles": built.roles,
             "span_ns": int(table.end.max() - table.start.min()) if n else 0,
