@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from mmscope.analyze.ranges.nesting import position_type, walk_of
+from mmscope.analyze.ranges.nesting import nth, position_type, walk_of
 
 NONE = -1  # no device work: first and last of a range without ops
 _UNSET = np.iinfo(np.int64).max  # first while it is computed: min() takes any start over it
@@ -112,8 +112,8 @@ def _project(owners, op_start, op_end, use_ops, walk, parent, first, last, kerne
             if use_ops:
                 first[r] = min(first[r], op_start[j])
                 last[r] = max(last[r], op_end[j])
-    for k in range(len(walk) - 1, -1, -1):
-        i = walk[k]
+    for k in range(len(parent) - 1, -1, -1):
+        i = nth(walk, k)
         p = parent[i]
         if p < 0 or (ops[i] == 0 and first[i] == _UNSET):
             continue

@@ -10,6 +10,7 @@ import numpy as np
 from numba import njit
 
 from mmscope import stages
+from mmscope.analyze.ranges.beside import Beside
 from mmscope.analyze.ranges.nesting import (NO_PARENT, by_group, dense_codes, depths, nest,
                                              offsets, position_type, walk_of)
 
@@ -111,10 +112,13 @@ class RangeTable:
 
     def ids_of(self, *wanted: str) -> np.ndarray:
         """The name ids of these catalogue names (absent names are skipped)."""
-        if "index" not in self._cache:
-            self._cache["index"] = {n: i for i, n in enumerate(self.names)}
-        index = self._cache["index"]
-        return np.array([index[n] for n in wanted if n in index], dtype=np.int64)
+        import polars as pl
+
+        if "names" not in self._cache:  # a dict of every name would cost a hash per name
+            self._cache["names"] = pl.Series(self.names, dtype=pl.String)
+        at = self._cache["names"].is_in(list(wanted)).arg_true().to_list()
+        found = {self.names[i]: i for i in at}  # names are distinct
+        return np.array([found[n] for n in wanted if n in found], dtype=np.int64)
 
     def rows_named(self, *wanted: str) -> np.ndarray:
         """Row indices of the ranges with one of these names, in file order."""
@@ -194,16 +198,28 @@ def _rows_by_slot(name_id, slot_of, n_slots, like):
     return rows, bounds
 
 
-def canonical_names(raw: list[str], used: np.ndarray) -> tuple[dict[str, int], np.ndarray]:
-    """{canonical name: id} of the raw names in use, in their order, and the map raw id ->
-    canonical id (-1: not in use). One lookup per distinct name, none per row."""
-    index: dict[str, int] = {}
-    canonical = stages.canonical
-    mapping = np.full(len(raw), -1, np.int32)
+def canonical_names(raw: list[str], used: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The canonical names of the raw names in use, in their order, and the map raw id ->
+    canonical id (-1: not in use). One lookup per distinct name, none per row; the names are
+    told apart by polars (a Python dict of a million names costs a hash and a slot each)."""
+    import polars as pl
+
     at = np.flatnonzero(used[:len(raw)])
-    # One list, then one array: a numpy item assignment per name costs more than the lookup.
-    mapping[at] = [index.setdefault(canonical(raw[i]), len(index)) for i in at.tolist()]
-    return index, mapping
+    names = list(map(raw.__getitem__, at.tolist()))
+    column = pl.Series(names, dtype=pl.String)
+    aliased = column.is_in(list(stages.ALIASES)).arg_true().to_list()
+    for j in aliased:
+        names[j] = stages.canonical(names[j])
+    if aliased:
+        column = pl.Series(names, dtype=pl.String)
+    mapping = np.full(len(raw), -1, np.int32)
+    if column.n_unique() == len(names):  # no name twice
+        mapping[at] = np.arange(len(names))
+        return names, mapping
+    distinct = column.unique(maintain_order=True)
+    mapping[at] = column.replace_strict(distinct, pl.int_range(len(distinct), eager=True),
+                                        return_dtype=pl.Int32).to_numpy()
+    return distinct.to_list(), mapping
 
 
 def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
@@ -227,22 +243,29 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
     domain_id = (np.broadcast_to(np.int32(0), (n,)) if domain_id is None
                  else np.asarray(domain_id, np.int32))
     end, unclosed = _close(start, end, kind)
+    nesting = Beside(_nested, thread, domain_id, kind, start, end, slack_ns)
+    del thread
     name_id = np.asarray(name_id)
     used = np.bincount(name_id, minlength=len(raw_names)) > 0 if n else np.zeros(0, bool)
-    index, mapping = canonical_names(raw_names, used)
+    names, mapping = canonical_names(raw_names, used)
     name_id = mapping[name_id] if n else np.zeros(0, np.int32)
+    group, threads, n_subs, parent, crossing, order = nesting.result()
+    return RangeTable(
+        name_id=name_id, start=start, end=end, kind=kind, domain_id=domain_id,
+        unclosed=unclosed, parent=parent, names=names, group=group, threads=threads,
+        n_subs=n_subs, domains=list(domains or [""]), thread_names=dict(thread_names or {}),
+        process_names=dict(process_names or {}), source=source, clock=clock,
+        crossing=crossing, slack_ns=slack_ns, ends_elsewhere=elsewhere, order=order)
+
+
+def _nested(thread, domain_id, kind, start, end, slack_ns: int):
+    """The nesting groups and the nesting (on the second core while the names are read)."""
     group, threads, n_subs = nesting_groups(thread, domain_id, kind)
     del thread
     parent, crossing, order = nest(group, start, end, len(threads) * n_subs, slack_ns)
     # NVTX lets start/end ranges overlap (concurrent media fetches on one thread): no crossing.
     crossing = crossing[kind[crossing] != START_END].astype(np.int64)
-    return RangeTable(
-        name_id=name_id, start=start, end=end, kind=kind, domain_id=domain_id,
-        unclosed=unclosed, parent=parent, names=list(index), group=group, threads=threads,
-        n_subs=n_subs, domains=list(domains or [""]), thread_names=dict(thread_names or {}),
-        process_names=dict(process_names or {}), source=source, clock=clock,
-        crossing=crossing, slack_ns=slack_ns, ends_elsewhere=elsewhere, order=order,
-        _cache={"index": index})  # ids_of's lookup, which profiles with many names pay for
+    return group, threads, n_subs, parent, crossing, order
 
 
 def nesting_groups(thread: np.ndarray, domain_id: np.ndarray, kind: np.ndarray):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from mmscope.analyze.ranges.nesting import walk_of
+from mmscope.analyze.ranges.nesting import nth, walk_of
 from mmscope.analyze.ranges.table import RangeTable
 
 
@@ -46,8 +46,8 @@ def _node_pass(walk, parent, stage, thread_code, role_of_thread, n_stages, n_rol
     ids = np.full(slots, -1, np.int64)
     made = 0
     roots = n_roles * n_stages
-    for k in range(len(walk)):
-        i = walk[k]
+    for k in range(len(parent)):
+        i = nth(walk, k)
         p = parent[i]
         if p < 0:
             role = role_of_thread[thread_code[i]]

@@ -36,8 +36,9 @@ NO_CUDA = ("no CUDA trace in the export (nsys profile -t cuda,nvtx records the C
 RECORDED = "a recording of mmscope record: NVTX ranges on the host, no device side"
 
 
-def read(con, path: str, tables: set[str], strings: dict[int, str], parts: int):
-    """The DeviceWork of the export, or None and why it has none."""
+def read(con, path: str, tables: set[str], strings, parts: int):
+    """The DeviceWork of the export, or None and why it has none; `strings`: its StringIds
+    (nsys.Strings)."""
     kinds = [t for t in OPS if t in tables]
     if RUNTIME not in tables or not kinds:
         return None, NO_CUDA
@@ -144,7 +145,7 @@ def _recorded(con, tables: set[str]) -> bool:
     return bool(rows) and str(rows[0][0]).startswith("mmscope record")
 
 
-def _op_name(code: int, strings: dict[int, str]) -> str:
+def _op_name(code: int, strings) -> str:
     if code == MEMSET:
         return "[CUDA memset]"
     if code < 0:

@@ -73,9 +73,8 @@ def _read(path: str, label: str, parts: int) -> tbl.RangeTable:
         types = _event_types(con, tables)
         ranges = sqlite_source.rowid_ranges(con, _q(name), parts)
     raw = _read_events(path, name, cols, ranges)
-    registered = _Registered(strings)
-    kind, name_code, found = _classified(raw, _kinds(types), registered)
-    names = _names(path, name, cols, ranges, name_code, found, registered)
+    kind, name_code, found = _classified(raw, _kinds(types), strings)
+    names = _names(path, name, cols, ranges, name_code, found, strings)
     end_thread = _end_threads(path, name, cols, ranges, raw["thread"], kind, types)
     table = _to_table(raw, kind, names, name_code, found, end_thread, thread_names,
                       process_names, clock, label)
@@ -154,7 +153,7 @@ class Found:
         self.meta, self.bad, self.first_bad, self.unnamed, self.with_id = counts.tolist()
 
 
-def _classified(raw: dict, kinds: np.ndarray, registered: "_Registered"):
+def _classified(raw: dict, kinds: np.ndarray, registered: Strings):
     """Each row's kind and registered name's position (-1: none), in one pass; consumes the
     event type and textId columns."""
     ids = registered.ids
@@ -170,7 +169,7 @@ def _classified(raw: dict, kinds: np.ndarray, registered: "_Registered"):
 
 
 def _names(path: str, name: str, cols: set[str], ranges, pos: np.ndarray, found: Found,
-           registered: "_Registered") -> list[str]:
+           registered: Strings) -> list[str]:
     """The names `pos` indexes: the registered strings, then the texts of the rows without one,
     read only for those rows, coded once per distinct text (`pos` filled in for them)."""
     texts = [""]
@@ -230,12 +229,16 @@ def _end_threads(path: str, name: str, cols: set[str], ranges, thread: np.ndarra
     return end_thread
 
 
-class _Registered:
-    """StringIds in id order (the texts of old-schema rows follow their names)."""
+class Strings:
+    """StringIds in id order: `ids` ascending and their `names` (the texts of old-schema rows
+    follow them in the table's name list)."""
 
-    def __init__(self, strings: dict[int, str]):
-        self.ids = np.array(sorted(strings), dtype=np.int64)
-        self.names = [strings[i] for i in self.ids.tolist()]
+    def __init__(self, ids: np.ndarray, names: list[str]):
+        self.ids, self.names = ids, names
+
+    def get(self, string_id: int, default: str | None = None) -> str | None:
+        at = int(np.searchsorted(self.ids, string_id))
+        return self.names[at] if at < len(self.ids) and self.ids[at] == string_id else default
 
 
 def _nvtx_table(tables: set[str], path: str) -> str:
@@ -265,22 +268,27 @@ def _event_types(con, tables: set[str]) -> dict[int, str]:
     return types
 
 
-def _string_ids(con, tables: set[str]) -> dict[int, str]:
+def _string_ids(con, tables: set[str]) -> Strings:
+    """StringIds (of an id given twice, the later row's); a text that is no UTF-8 raises
+    polars' ComputeError."""
     import polars as pl
 
     if "StringIds" not in tables:
-        return {}
+        return Strings(np.zeros(0, np.int64), [])
     got = sqlite_source.frame(con, "SELECT id, coalesce(value, '') AS value FROM StringIds "
                                    "WHERE id IS NOT NULL")
-    values = got["value"].cast(pl.Binary).to_list()
-    return dict(zip(got["id"].to_list(), (v.decode("utf-8") for v in values)))
+    got = got.unique("id", keep="last", maintain_order=True).sort("id")
+    # Validated as UTF-8 in one call, then handed over as str objects.
+    names = got["value"].cast(pl.Binary).cast(pl.String, strict=True).to_list()
+    return Strings(got["id"].cast(pl.Int64).to_numpy(), names)
 
 
-def _thread_names_table(con, tables: set[str], strings: dict[int, str]) -> dict[int, str]:
+def _thread_names_table(con, tables: set[str], strings: Strings) -> dict[int, str]:
     if "ThreadNames" not in tables:
         return {}
     rows = _rows(con, "SELECT globalTid, nameId FROM ThreadNames ORDER BY priority")
-    return {int(t): strings[n] for t, n in rows if t is not None and n in strings}
+    found = ((t, strings.get(n)) for t, n in rows if t is not None and n is not None)
+    return {int(t): name for t, name in found if name is not None}
 
 
 def _process_names(con, tables: set[str]) -> dict[int, str]:

@@ -41,20 +41,33 @@ class Analysis:
 
 def analyze(path: str, table, name_filter: str | None = None,
             raw_names: bool = False) -> Analysis:
-    from mmscope.analyze.ranges import benefit, checks, frame, per_step, stats, steps
+    """Every figure of the profile: the step join, steps, checks and cache benefit (which read
+    the table only) on the second core while the stage tree and its figures are built."""
+    from mmscope.analyze.ranges import frame, per_step, stats
+    from mmscope.analyze.ranges.beside import Beside
 
-    built = frame.build(table, raw_names)
+    built = frame.begin(table)
+    step_part = Beside(_step_figures, built)
+    frame.complete(built, raw_names)
     by_node, by_stage = stats.aggregate(built)
+    tree = stats.tree(built, by_node, name_filter)
+    stage_rows = stats.flat(built, by_node, by_stage, name_filter)
+    step_table, steps_doc, checks_doc, benefit_doc = step_part.result()
+    return Analysis(
+        path=path, profile=profile_info(path, built), tree=tree, stages=stage_rows,
+        checks=checks_doc + _malformed_check(table), steps=steps_doc,
+        cache_benefit=benefit_doc, per_step=per_step.per_step(built, step_table))
+
+
+def _step_figures(built):
+    """The step join and what reads it: the step table, the steps' summary, the checks and the
+    cache benefit (from the frame's table only)."""
+    from mmscope.analyze.ranges import benefit, checks, steps
+
     pairs = steps.step_join(built)
     step_table = steps.steps_of(built, pairs)
-    return Analysis(
-        path=path, profile=profile_info(path, built),
-        tree=stats.tree(built, by_node, name_filter),
-        stages=stats.flat(built, by_node, by_stage, name_filter),
-        checks=checks.run_all(built, pairs) + _malformed_check(table),
-        steps=steps.summary(built, pairs),
-        cache_benefit=benefit.cache_benefit(built, step_table),
-        per_step=per_step.per_step(built, step_table))
+    return (step_table, steps.summary(built, pairs), checks.run_all(built, pairs),
+            benefit.cache_benefit(built, step_table))
 
 
 def _malformed_check(table) -> list[dict]:
