@@ -151,8 +151,7 @@ def step_meta_joined(frame, pairs) -> dict:
     table = frame.table
     name = f"every step_meta joins a '{stages.FORWARD}' on its thread"
     metas = step_meta_rows(table)[0]
-    joined = pairs["meta_row"] if len(pairs) else np.zeros(0, np.int64)
-    unjoined = metas[~np.isin(metas, joined)]
+    unjoined = metas[~pairs.metas_joined]
     cut = cut_metas(frame, unjoined)
     bad = np.setdiff1d(unjoined, cut)
     first = where(table, bad[np.argmin(table.start[bad])]) if len(bad) else ""
