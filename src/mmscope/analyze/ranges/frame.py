@@ -26,12 +26,12 @@ class Frame:
     processes: list[dict] = None        # processes.describe
     roles: list[str] = None             # role labels, in the order of the tree's roots
     nodes: tree.Nodes = None
-    ranges: dict[str, np.ndarray] = None  # per row: stage, node, start, end, parent (+ device)
+    ranges: dict[str, np.ndarray] = None  # per row: node, start, end, parent (+ device)
     kernels: dict[int, list[dict]] = None  # per stage id, its top kernels (none: no device side)
 
 
 def build(table: RangeTable, raw_names: bool = False) -> Frame:
-    """`ranges` holds every range: stage, node, start, end, parent row; and where the profile
+    """`ranges` holds every range: node, start, end, parent row; and where the profile
     has a device side device_ns (-1: none) and kernel_ns (device.per_range). Names that differ
     only in numbers are one stage (families.py) unless `raw_names`."""
     return complete(begin(table), raw_names)
@@ -52,18 +52,13 @@ def complete(frame: Frame, raw_names: bool = False) -> Frame:
     table = frame.table
     projected = None if table.device is None else Beside(device.per_range, table)
     stage_list, stage_of_name, families_ = families.stage_names(table.names, raw_names)
-    stage = stage_of_name[table.name_id]
-    # Each row's thread index: its nesting group's, which counts threads first.
-    threads = table.threads
-    thread_code = table.thread_index
-    procs = processes.describe(table, stage_list, stage, thread_code, threads)
+    procs = processes.describe(table, stage_list, stage_of_name)
     roles = _role_order({p["role"] for p in procs})
     role_of_pid = {p["pid"]: roles.index(p["role"]) for p in procs}
     role_of_thread = np.array([role_of_pid.get(processes.pid_of(t), 0)
-                               for t in threads.tolist()], np.int64)
-    nodes = tree.build(table, stage, thread_code, role_of_thread, len(stage_list), len(roles))
-    del thread_code
-    ranges = {"stage": stage, "node": nodes.of_row, "start": table.start, "end": table.end,
+                               for t in table.threads.tolist()], np.int64)
+    nodes = tree.build(table, stage_of_name, role_of_thread, len(stage_list), len(roles))
+    ranges = {"node": nodes.of_row, "start": table.start, "end": table.end,
               "parent": table.parent}
     kernels = {}
     if projected is not None:

@@ -59,12 +59,12 @@ def dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     keys = found[:made]
     rank = np.empty(made, codes.dtype)
     rank[np.argsort(keys, kind="stable")] = np.arange(made, dtype=codes.dtype)
-    _renumber(codes, rank)
+    renumber(codes, rank)
     return codes, np.sort(keys)
 
 
 @njit(cache=True, nogil=True)
-def _renumber(codes, new):
+def renumber(codes, new):
     """codes[i] = new[codes[i]], in place."""
     for i in range(len(codes)):
         codes[i] = new[codes[i]]

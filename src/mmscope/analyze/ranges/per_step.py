@@ -105,7 +105,8 @@ def _parts(frame, windows: dict) -> dict[str, np.ndarray]:
             break
         room = found
     n_stages = len(frame.stages)
-    keys, inverse = np.unique(at * n_stages + ranges["stage"][rows], return_inverse=True)
+    stage = frame.stage_of_name[table.name_id[rows]]
+    keys, inverse = np.unique(at * n_stages + stage, return_inverse=True)
     ns = np.zeros(len(keys), np.int64)
     np.add.at(ns, inverse, ranges["end"][rows] - ranges["start"][rows])
     device_ns = np.zeros(len(keys), np.int64)
