@@ -51,27 +51,64 @@ def from_columns(cols: dict, names: list[str], streams: list[str], source: str,
 
 @dataclass
 class PerRange:
-    """Per table row: device_ns (the last op's end less the first op's start; NONE: no device
-    work), kernel_ns and ops, the children's work included; `owners`, per nesting group, per
-    op: the innermost range of that group that launched it (-1: none)."""
+    """The rows that hold device work, ascending (`rows`: those that launched ops, those with a
+    device span, and their ancestors), and per row there: `device` (the last op's end less the
+    first op's start; NONE: no device work of its own), `kernel` and `op_count`, the children's
+    work included; `owners`, per nesting group, per op: the innermost range of that group that
+    launched it (-1: none); `n`: the table's rows. `device_ns`, `kernel_ns` and `ops` give the
+    same per row of the table."""
 
-    device_ns: np.ndarray
-    kernel_ns: np.ndarray
-    ops: np.ndarray
+    rows: np.ndarray
+    device: np.ndarray
+    kernel: np.ndarray
+    op_count: np.ndarray
     owners: list[np.ndarray]
+    n: int
+
+    def _per_row(self, values: np.ndarray, none: int) -> np.ndarray:
+        out = np.full(self.n, none, values.dtype)
+        out[self.rows] = values
+        return out
+
+    @property
+    def device_ns(self) -> np.ndarray:
+        return self._per_row(self.device, NONE)
+
+    @property
+    def kernel_ns(self) -> np.ndarray:
+        return self._per_row(self.kernel, 0)
+
+    @property
+    def ops(self) -> np.ndarray:
+        return self._per_row(self.op_count, 0)
+
+    def device_of(self, rows: np.ndarray) -> np.ndarray:
+        """The device time of these rows of the table (NONE: none)."""
+        at = np.searchsorted(self.rows, rows)
+        hit = np.zeros(len(rows), bool)
+        inside = at < len(self.rows)
+        hit[inside] = self.rows[at[inside]] == rows[inside]
+        out = np.full(len(rows), NONE, np.int64)
+        out[hit] = self.device[at[hit]]
+        return out
 
 
 @njit(cache=True, nogil=True)
-def _owners(op_thread, call_start, rows, off, start, end, parent, n_subs, owners):
-    """owners[s, j]: the innermost range of (domain, kind) pair s on op j's call thread (an
-    index into the table's threads, -1: none) open when the call started: the last range of that
-    group starting at or before it, or the first up its parent chain ending after it. Ops come
+def _owners(op_thread, threads, call_start, rows, off, start, end, parent, n_subs, owners):
+    """owners[s, j]: the innermost range of (domain, kind) pair s on op j's call thread (-1:
+    none, or a thread without ranges) open when the call started: the last range of that group
+    starting at or before it, or the first up its parent chain ending after it. Ops come
     mostly in time order per thread: each group's search goes on from where the last stopped."""
     n_groups = len(off) - 1
     pos = off[:n_groups] - 1  # per group: the last row starting at or before the last call
     last_call = np.full(n_groups, np.iinfo(np.int64).min, np.int64)
+    last_thread, t = -1, -1
     for j in range(len(op_thread)):
-        t = op_thread[j]
+        if op_thread[j] != last_thread or j == 0:  # the thread's index, found once per run
+            last_thread = op_thread[j]
+            t = np.searchsorted(threads, last_thread)
+            if t >= len(threads) or threads[t] != last_thread:
+                t = -1
         c = call_start[j]
         for s in range(n_subs):
             if t < 0:
@@ -99,29 +136,60 @@ def _owners(op_thread, call_start, rows, off, start, end, parent, n_subs, owners
 
 
 @njit(cache=True, nogil=True)
-def _project(owners, op_start, op_end, use_ops, walk, parent, first, last, kernel, ops):
+def _held(owners, span_rows, parent, slot):
+    """The rows that launched ops or hold a span, and their ancestors, ascending; slot[r] their
+    position there (-1 elsewhere: `slot` comes filled with -1)."""
+    for s in range(owners.shape[0]):
+        for j in range(owners.shape[1]):
+            r = owners[s, j]
+            while r >= 0 and slot[r] < 0:  # up to the first ancestor already held
+                slot[r] = 0
+                r = parent[r]
+    for j in range(len(span_rows)):
+        r = span_rows[j]
+        while r >= 0 and slot[r] < 0:
+            slot[r] = 0
+            r = parent[r]
+    count = 0
+    for i in range(len(slot)):
+        if slot[i] == 0:
+            slot[i] = count
+            count += 1
+    rows = np.empty(count, slot.dtype)
+    for i in range(len(slot)):
+        if slot[i] >= 0:
+            rows[slot[i]] = i
+    return rows
+
+
+@njit(cache=True, nogil=True)
+def _project(owners, op_start, op_end, use_ops, walk, parent, slot, first, last, kernel, ops):
     """Each op's time to its owners (in every pair), its span where `use_ops`; then children
-    into parents, deepest first (the reverse of nesting order)."""
+    into parents, deepest first (the reverse of nesting order). The sums are per held row
+    (slot[row])."""
     for s in range(owners.shape[0]):
         for j in range(owners.shape[1]):
             r = owners[s, j]
             if r < 0:
                 continue
-            kernel[r] += op_end[j] - op_start[j]
-            ops[r] += 1
+            k = slot[r]
+            kernel[k] += op_end[j] - op_start[j]
+            ops[k] += 1
             if use_ops:
-                first[r] = min(first[r], op_start[j])
-                last[r] = max(last[r], op_end[j])
-    for k in range(len(parent) - 1, -1, -1):
-        i = nth(walk, k)
+                first[k] = min(first[k], op_start[j])
+                last[k] = max(last[k], op_end[j])
+    for step in range(len(parent) - 1, -1, -1):
+        i = nth(walk, step)
+        k = slot[i]
         p = parent[i]
-        if p < 0 or (ops[i] == 0 and first[i] == _UNSET):
+        if k < 0 or p < 0 or (ops[k] == 0 and first[k] == _UNSET):
             continue
-        kernel[p] += kernel[i]
-        ops[p] += ops[i]
-        if first[i] != _UNSET:
-            first[p] = min(first[p], first[i])
-            last[p] = max(last[p], last[i])
+        q = slot[p]
+        kernel[q] += kernel[k]
+        ops[q] += ops[k]
+        if first[k] != _UNSET:
+            first[q] = min(first[q], first[k])
+            last[q] = max(last[q], last[k])
 
 
 def per_range(table) -> PerRange:
@@ -132,29 +200,28 @@ def per_range(table) -> PerRange:
     out), though its work still counts for the ranges around it."""
     work = table.device
     n = len(table)
-    walk = walk_of(n, table.order)
     rows, off = table.rows_by_group()
-    at = np.searchsorted(table.threads, work.thread)
-    found = (at < len(table.threads)) & (table.threads[np.minimum(at, len(table.threads) - 1)]
-                                         == work.thread)
-    op_thread = np.where(found, at, -1)
     owners = np.empty((table.n_subs, len(work)), position_type(n))
-    _owners(op_thread, work.call_start, rows, off, table.start, table.end, table.parent,
-            table.n_subs, owners)
-    del op_thread
-    first, last = np.full(n, _UNSET, np.int64), np.full(n, NONE, np.int64)
-    kernel_ns, ops = np.zeros(n, np.int64), np.zeros(n, np.int32)
-    if work.spans is not None:
-        span_rows, span_first, span_last = work.spans
-        np.minimum.at(first, span_rows, span_first)
-        np.maximum.at(last, span_rows, span_last)
-    _project(owners, work.start, work.end, work.spans is None, walk, table.parent, first, last,
-             kernel_ns, ops)
+    _owners(work.thread, table.threads, work.call_start, rows, off, table.start, table.end,
+            table.parent, table.n_subs, owners)
+    span_rows, span_first, span_last = work.spans or (np.zeros(0, np.int64),) * 3
+    slot = np.full(n, -1, position_type(n))
+    held = _held(owners, span_rows, table.parent, slot)
+    first, last = np.full(len(held), _UNSET, np.int64), np.full(len(held), NONE, np.int64)
+    kernel, ops = np.zeros(len(held), np.int64), np.zeros(len(held), np.int32)
+    if len(span_rows):
+        np.minimum.at(first, slot[span_rows], span_first)
+        np.maximum.at(last, slot[span_rows], span_last)
+    _project(owners, work.start, work.end, work.spans is None, walk_of(n, table.order),
+             table.parent, slot, first, last, kernel, ops)
     none = first == _UNSET
-    none[table.ends_elsewhere[0]] = True
-    last -= first  # the span, in place (these columns are long)
+    elsewhere = slot[table.ends_elsewhere[0]]
+    none[elsewhere[elsewhere >= 0]] = True
+    del slot
+    last -= first  # the span, in place
     last[none] = NONE
-    return PerRange(device_ns=last, kernel_ns=kernel_ns, ops=ops, owners=list(owners))
+    return PerRange(rows=held, device=last, kernel=kernel, op_count=ops, owners=list(owners),
+                    n=n)
 
 
 def kernels_by_stage(work: DeviceWork, owners: list[np.ndarray], nodes, node_of_row: np.ndarray,

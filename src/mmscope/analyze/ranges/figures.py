@@ -15,9 +15,9 @@ PERCENTILES = (50, 90, 99)
 
 
 @njit(cache=True, nogil=True)
-def _sums(parent, start, end, key, n_keys, device_ns, kernel_ns, out):
-    """Per key: count, total, self (a range's time less its children's, never below zero), min,
-    max, device (over the ranges that launched something) and kernel time; `out` (n_keys, 7)."""
+def _sums(parent, start, end, key, n_keys, out):
+    """Per key: count, total, self (a range's time less its children's, never below zero), min
+    and max into `out` (n_keys, 7)."""
     n = len(start)
     children = np.zeros(n, np.int64)
     for i in range(n):
@@ -27,7 +27,6 @@ def _sums(parent, start, end, key, n_keys, device_ns, kernel_ns, out):
     for k in range(n_keys):
         out[k, 3] = np.iinfo(np.int64).max
         out[k, 4] = np.iinfo(np.int64).min
-    with_device = len(device_ns) == n
     for i in range(n):
         d = end[i] - start[i]
         k = key[i]
@@ -36,10 +35,17 @@ def _sums(parent, start, end, key, n_keys, device_ns, kernel_ns, out):
         out[k, 2] += d - min(children[i], d)
         out[k, 3] = min(out[k, 3], d)
         out[k, 4] = max(out[k, 4], d)
-        if with_device:
-            if device_ns[i] >= 0:
-                out[k, 5] += device_ns[i]
-            out[k, 6] += kernel_ns[i]
+
+
+@njit(cache=True, nogil=True)
+def _device_sums(rows, device, kernel, key, out):
+    """Per key: device time (over the ranges with device work of their own) and kernel time
+    into out[:, 5] and out[:, 6]; `rows` the rows that hold device work, with theirs."""
+    for j in range(len(rows)):
+        k = key[rows[j]]
+        if device[j] >= 0:
+            out[k, 5] += device[j]
+        out[k, 6] += kernel[j]
 
 
 @njit(cache=True, nogil=True)
@@ -116,18 +122,18 @@ def nearest_rank(values: np.ndarray, q: float) -> int:
     return int(np.partition(values, k)[k])
 
 
-def per_node_and_stage(table, node: np.ndarray, node_stage: np.ndarray, n_stages: int, device_ns=None,
-              kernel_ns=None) -> tuple[dict[int, dict], dict[int, dict]]:
+def per_node_and_stage(table, node: np.ndarray, node_stage: np.ndarray, n_stages: int,
+                       device=None) -> tuple[dict[int, dict], dict[int, dict]]:
     """Per node and per stage (only those of some rows), their figures as the reports show them;
-    `node` per row, `node_stage` per node. One pass sums each node's ranges; a stage's sums are
+    `node` per row, `node_stage` per node, `device` the rows' device time (device.PerRange;
+    None: no device side). One pass sums each node's ranges; a stage's sums are
     its nodes'; the durations are grouped once, by node with a stage's nodes side by side, so
     that a stage's are one slice."""
     n_nodes = len(node_stage)
     sums = np.zeros((n_nodes, 7), np.int64)
-    none = np.zeros(0, np.int64)
-    _sums(table.parent, table.start, table.end, node, n_nodes,
-          none if device_ns is None else device_ns, none if kernel_ns is None else kernel_ns,
-          sums)
+    _sums(table.parent, table.start, table.end, node, n_nodes, sums)
+    if device is not None:
+        _device_sums(device.rows, device.device, device.kernel, node, sums)
     stage_sums = _stage_sums(sums, node_stage, n_stages)
     slots = np.argsort(node_stage, kind="stable")  # the nodes, a stage's side by side
     slot_of_node = np.empty(n_nodes, np.int64)
@@ -140,7 +146,7 @@ def per_node_and_stage(table, node: np.ndarray, node_stage: np.ndarray, n_stages
     stage_off = off[np.searchsorted(node_stage[slots], np.arange(n_stages + 1))]
     stage_pct = np.zeros((n_stages, len(PERCENTILES)), np.int64)
     _ranked(grouped, stage_off, nearest_ranks(stage_sums[:, 0]), stage_pct)
-    with_device = device_ns is not None
+    with_device = device is not None
     return _docs(sums, node_pct, with_device), _docs(stage_sums, stage_pct, with_device)
 
 

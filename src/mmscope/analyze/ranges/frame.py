@@ -28,12 +28,13 @@ class Frame:
     nodes: tree.Nodes = None
     ranges: dict[str, np.ndarray] = None  # per row: node, start, end, parent (+ device)
     kernels: dict[int, list[dict]] = None  # per stage id, its top kernels (none: no device side)
+    device: device.PerRange | None = None  # the device time of the ranges (None: no device side)
 
 
 def build(table: RangeTable, raw_names: bool = False) -> Frame:
-    """`ranges` holds every range: node, start, end, parent row; and where the profile
-    has a device side device_ns (-1: none) and kernel_ns (device.per_range). Names that differ
-    only in numbers are one stage (families.py) unless `raw_names`."""
+    """`ranges` holds every range: node, start, end, parent row; `device` the device time of
+    the ranges where the profile has a device side (device.per_range). Names that differ only
+    in numbers are one stage (families.py) unless `raw_names`."""
     return complete(begin(table), raw_names)
 
 
@@ -60,14 +61,14 @@ def complete(frame: Frame, raw_names: bool = False) -> Frame:
     nodes = tree.build(table, stage_of_name, role_of_thread, len(stage_list), len(roles))
     ranges = {"node": nodes.of_row, "start": table.start, "end": table.end,
               "parent": table.parent}
-    kernels = {}
+    kernels, got = {}, None
     if projected is not None:
         got = projected.result()
-        ranges.update(device_ns=got.device_ns, kernel_ns=got.kernel_ns)
         kernels = device.kernels_by_stage(table.device, got.owners, nodes, nodes.of_row)
+        got.owners = []  # read by the kernels only
     frame.stages, frame.stage_of_name, frame.families = stage_list, stage_of_name, families_
     frame.processes, frame.roles, frame.nodes = procs, roles, nodes
-    frame.ranges, frame.kernels = ranges, kernels
+    frame.ranges, frame.kernels, frame.device = ranges, kernels, got
     return frame
 
 

@@ -47,7 +47,7 @@ def _codes(values, slots, codes, found):
 def dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(codes, keys): keys the distinct values in ascending order, codes[i] the index of values[i]
     in them. One pass without a sort of the rows: profiles have few threads and domains."""
-    values = np.ascontiguousarray(values, dtype=np.int64)
+    values = np.ascontiguousarray(values)  # integers of any width
     codes = np.empty(len(values), np.int32 if len(values) < (1 << 31) else np.int64)
     slots = _FIRST_TABLE
     while True:

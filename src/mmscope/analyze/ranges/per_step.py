@@ -48,7 +48,7 @@ def per_step(frame, step_table) -> dict | None:
             ns[step, column.get(name, len(parts) - 1)] += t
     t0 = int(table.start.min())
     device_ns = None
-    if "device_ns" in frame.ranges:  # the step's preprocess is among its window's ranges
+    if frame.device is not None:  # the step's preprocess is among its window's ranges
         device_ns = np.bincount(got["step"], weights=got["device_ns"],
                                 minlength=len(pre)).astype(np.int64).tolist()
     return {"steps": len(stepped), "shown": len(picked), "t0_ns": t0, "parts": parts,
@@ -110,8 +110,8 @@ def _parts(frame, windows: dict) -> dict[str, np.ndarray]:
     ns = np.zeros(len(keys), np.int64)
     np.add.at(ns, inverse, ranges["end"][rows] - ranges["start"][rows])
     device_ns = np.zeros(len(keys), np.int64)
-    if "device_ns" in ranges:
-        np.add.at(device_ns, inverse, np.maximum(ranges["device_ns"][rows], 0))
+    if frame.device is not None:
+        np.add.at(device_ns, inverse, np.maximum(frame.device.device_of(rows), 0))
     return {"step": keys // n_stages, "stage": keys % n_stages, "ns": ns, "device_ns": device_ns}
 
 

@@ -20,9 +20,8 @@ def family_doc(family) -> dict | None:
 def aggregate(frame) -> tuple[dict[int, dict], dict[int, dict]]:
     """The figures of every node and of every stage, keyed by their ids; device_ns and kernel_ns
     summed over the ranges (None without a device side)."""
-    device = (frame.ranges.get("device_ns"), frame.ranges.get("kernel_ns"))
     return per_node_and_stage(frame.table, frame.nodes.of_row, frame.nodes.stage,
-                              len(frame.stages), *device)
+                              len(frame.stages), frame.device)
 
 
 def flat(frame, by_node: dict, by_stage: dict, name_filter: str | None = None) -> list[dict]:

@@ -112,13 +112,18 @@ class RangeTable:
 
     def ids_of(self, *wanted: str) -> np.ndarray:
         """The name ids of these catalogue names (absent names are skipped)."""
-        import polars as pl
-
-        if "names" not in self._cache:  # a dict of every name would cost a hash per name
-            self._cache["names"] = pl.Series(self.names, dtype=pl.String)
-        at = self._cache["names"].is_in(list(wanted)).arg_true().to_list()
+        # A dict of every name would cost a hash per name: polars finds them.
+        at = self.names_column().is_in(list(wanted)).arg_true().to_list()
         found = {self.names[i]: i for i in at}  # names are distinct
         return np.array([found[n] for n in wanted if n in found], dtype=np.int64)
+
+    def names_column(self):
+        """`names` as a polars column (made on first use)."""
+        import polars as pl
+
+        if "names" not in self._cache:
+            self._cache["names"] = pl.Series(self.names, dtype=pl.String)
+        return self._cache["names"]
 
     def rows_named(self, *wanted: str) -> np.ndarray:
         """Row indices of the ranges with one of these names, in file order."""
