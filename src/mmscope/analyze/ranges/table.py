@@ -154,14 +154,11 @@ class RangeTable:
             self._cache[key] = rows[bounds[j]:bounds[j + 1]]
 
     def rows_with_ids(self, ids: np.ndarray) -> np.ndarray:
-        """Row indices whose name id is one of `ids` (a lookup per row, however many ids)."""
-        if len(ids) == 0:
-            return np.zeros(0, dtype=np.int64)
-        if len(ids) == 1:
-            return np.flatnonzero(self.name_id == ids[0])
-        wanted = np.zeros(len(self.names), dtype=bool)
-        wanted[ids] = True
-        return np.flatnonzero(wanted[self.name_id])
+        """Row indices whose name id is one of `ids` (a lookup per row, however many ids), in
+        32 bits where they fit."""
+        slot_of = np.full(len(self.names), -1, np.int32)
+        slot_of[ids] = 0
+        return _rows_by_slot(self.name_id, slot_of, 1, np.zeros(0, position_type(len(self))))[0]
 
     def name_of(self, row: int) -> str:
         return self.names[int(self.name_id[row])]
