@@ -22,12 +22,13 @@ TOP_KERNELS = 5  # the kernels shown under each stage
 
 @dataclass
 class DeviceWork:
-    """Per GPU op: the launching call's thread (the range table's key) and start; the op's
-    start, end, name (into `names`) and stream (into `streams`, "GPU 0 stream 7"). `spans`: a
-    torch trace's device span per range row (rows, first, last), None where the ops give it."""
+    """Per GPU op: `owners[s]`, per nesting group s of the range table, the innermost range of
+    that group open on the launching call's thread when the call started (-1: none; launch_owners);
+    the op's start, end, name (into `names`) and stream (into `streams`, "GPU 0 stream 7").
+    `spans`: a torch trace's device span per range row (rows, first, last), None where the ops
+    give it."""
 
-    thread: np.ndarray
-    call_start: np.ndarray
+    owners: np.ndarray
     start: np.ndarray
     end: np.ndarray
     name: np.ndarray
@@ -41,12 +42,29 @@ class DeviceWork:
         return len(self.start)
 
 
-def from_columns(cols: dict, names: list[str], streams: list[str], source: str,
+def from_columns(table, cols: dict, names: list[str], streams: list[str], source: str,
                  spans=None) -> DeviceWork:
-    as64 = {k: np.asarray(cols[k], np.int64) for k in ("thread", "call_start", "start", "end")}
-    return DeviceWork(**as64, name=np.asarray(cols["name"], np.int32),
+    """The DeviceWork of ops given with their launching call's thread and start (`cols`:
+    thread, call_start, start, end, name, stream) on the ranges of `table`."""
+    owners = launch_owners(table, np.asarray(cols["thread"], np.int64),
+                           np.asarray(cols["call_start"], np.int64))
+    return DeviceWork(owners=owners, start=np.asarray(cols["start"], np.int64),
+                      end=np.asarray(cols["end"], np.int64),
+                      name=np.asarray(cols["name"], np.int32),
                       stream=np.asarray(cols["stream"], np.int32), names=names,
                       streams=streams, source=source, spans=spans)
+
+
+def launch_owners(table, thread: np.ndarray, call_start: np.ndarray) -> np.ndarray:
+    """Per nesting group of `table` (its rows), per launching call (its thread's globalTid and
+    start, mostly in time order), the innermost range of that group on the call's thread open
+    when the call started (-1: none): a range on the call's thread closes after the calls made
+    in it return."""
+    rows, off = table.rows_by_group()
+    owners = np.empty((table.n_subs, len(thread)), position_type(len(table)))
+    _owners(thread, table.threads, call_start, rows, off, table.start, table.end, table.parent,
+            table.n_subs, owners)
+    return owners
 
 
 @dataclass
@@ -54,15 +72,13 @@ class PerRange:
     """The rows that hold device work, ascending (`rows`: those that launched ops, those with a
     device span, and their ancestors), and per row there: `device` (the last op's end less the
     first op's start; NONE: no device work of its own), `kernel` and `op_count`, the children's
-    work included; `owners`, per nesting group, per op: the innermost range of that group that
-    launched it (-1: none); `n`: the table's rows. `device_ns`, `kernel_ns` and `ops` give the
+    work included; `n`: the table's rows. `device_ns`, `kernel_ns` and `ops` give the
     same per row of the table."""
 
     rows: np.ndarray
     device: np.ndarray
     kernel: np.ndarray
     op_count: np.ndarray
-    owners: list[np.ndarray]
     n: int
 
     def _per_row(self, values: np.ndarray, none: int) -> np.ndarray:
@@ -194,25 +210,20 @@ def _project(owners, op_start, op_end, use_ops, walk, parent, slot, first, last,
 
 def per_range(table) -> PerRange:
     """Each op given to the innermost range of its call's thread open when the call started (in
-    every nesting group of that thread: NVTX domains, push/pop and start/end apart; a range on
-    the call's thread closes after the calls made in it return), then summed up the parent
-    chains. A range ending on another thread gets none of its own (as nsys leaves it
-    out), though its work still counts for the ranges around it."""
+    every nesting group of that thread: NVTX domains, push/pop and start/end apart; the work's
+    owners), then summed up the parent chains. A range ending on another thread gets none of
+    its own (as nsys leaves it out), though its work still counts for the ranges around it."""
     work = table.device
     n = len(table)
-    rows, off = table.rows_by_group()
-    owners = np.empty((table.n_subs, len(work)), position_type(n))
-    _owners(work.thread, table.threads, work.call_start, rows, off, table.start, table.end,
-            table.parent, table.n_subs, owners)
     span_rows, span_first, span_last = work.spans or (np.zeros(0, np.int64),) * 3
     slot = np.full(n, -1, position_type(n))
-    held = _held(owners, span_rows, table.parent, slot)
+    held = _held(work.owners, span_rows, table.parent, slot)
     first, last = np.full(len(held), _UNSET, np.int64), np.full(len(held), NONE, np.int64)
     kernel, ops = np.zeros(len(held), np.int64), np.zeros(len(held), np.int32)
     if len(span_rows):
         np.minimum.at(first, slot[span_rows], span_first)
         np.maximum.at(last, slot[span_rows], span_last)
-    _project(owners, work.start, work.end, work.spans is None, walk_of(n, table.order),
+    _project(work.owners, work.start, work.end, work.spans is None, walk_of(n, table.order),
              table.parent, slot, first, last, kernel, ops)
     none = first == _UNSET
     elsewhere = slot[table.ends_elsewhere[0]]
@@ -220,18 +231,17 @@ def per_range(table) -> PerRange:
     del slot
     last -= first  # the span, in place
     last[none] = NONE
-    return PerRange(rows=held, device=last, kernel=kernel, op_count=ops, owners=list(owners),
-                    n=n)
+    return PerRange(rows=held, device=last, kernel=kernel, op_count=ops, n=n)
 
 
-def kernels_by_stage(work: DeviceWork, owners: list[np.ndarray], nodes, node_of_row: np.ndarray,
+def kernels_by_stage(work: DeviceWork, nodes, node_of_row: np.ndarray,
                      top: int = TOP_KERNELS) -> dict[int, list[dict]]:
     """Per stage id, its `top` kernels by time: name, count, total_ns. An op counts under every
     range that holds it (its launcher and the launcher's ancestors, in each nesting group), as
     nsys' nvtx_kern_sum: under each node of its launcher's path in the stage tree (nodes:
     tree.Nodes)."""
     sums: dict[tuple[int, int], list[int]] = {}
-    for owner in owners:
+    for owner in work.owners:
         _add_kernels(sums, work, owner, nodes, node_of_row)
     out: dict[int, list[dict]] = {}
     for (stage, name_id), (t_, c_) in sorted(sums.items(), key=lambda kv: (kv[0][0], -kv[1][0])):

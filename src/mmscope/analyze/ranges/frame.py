@@ -64,8 +64,7 @@ def complete(frame: Frame, raw_names: bool = False) -> Frame:
     kernels, got = {}, None
     if projected is not None:
         got = projected.result()
-        kernels = device.kernels_by_stage(table.device, got.owners, nodes, nodes.of_row)
-        got.owners = []  # read by the kernels only
+        kernels = device.kernels_by_stage(table.device, nodes, nodes.of_row)
     frame.stages, frame.stage_of_name, frame.families = stage_list, stage_of_name, families_
     frame.processes, frame.roles, frame.nodes = procs, roles, nodes
     frame.ranges, frame.kernels, frame.device = ranges, kernels, got

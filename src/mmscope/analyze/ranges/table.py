@@ -104,11 +104,9 @@ class RangeTable:
 
     def rows_by_group(self) -> tuple[np.ndarray, np.ndarray]:
         """(rows, off): each nesting group's rows in nesting order (by start), group g's at
-        rows[off[g]:off[g + 1]] (computed on first use)."""
-        if "by_group" not in self._cache:
-            self._cache["by_group"] = by_group(walk_of(len(self), self.order), self.group,
-                                               len(self.threads) * self.n_subs)
-        return self._cache["by_group"]
+        rows[off[g]:off[g + 1]] (a column as long as the table, made for each caller)."""
+        return by_group(walk_of(len(self), self.order), self.group,
+                        len(self.threads) * self.n_subs)
 
     def ids_of(self, *wanted: str) -> np.ndarray:
         """The name ids of these catalogue names (absent names are skipped)."""

@@ -3,7 +3,8 @@ to the CUDA runtime or driver call that launched it, as nsys' `nvtx_gpu_proj_tra
 
 Their integer columns are read in rowid ranges on both cores; the join is on correlationId within
 a process (a kernel's globalPid is its call's globalTid without the thread bits), in one compiled
-pass; what lies on which range is decided on the range table (ranges/device.py).
+pass; each call's innermost open ranges are found on the range table (device.launch_owners),
+and its ops take them.
 """
 from __future__ import annotations
 
@@ -37,19 +38,23 @@ NO_CUDA = ("no CUDA trace in the export (nsys profile -t cuda,nvtx records the C
 RECORDED = "a recording of mmscope record: NVTX ranges on the host, no device side"
 
 
-def read(con, path: str, tables: set[str], strings, parts: int):
-    """The DeviceWork of the export, or None and why it has none; `strings`: its StringIds
-    (nsys.Strings)."""
+def read(con, path: str, tables: set[str], strings, parts: int, table):
+    """The DeviceWork of the export on the ranges of `table`, or None and why it has none;
+    `strings`: its StringIds (nsys.Strings)."""
     kinds = [t for t in OPS if t in tables]
     if RUNTIME not in tables or not kinds:
         return None, NO_CUDA
     calls = _columns(con, path, [RUNTIME], CALL, parts,
                      {"thread": (np.int64, 0), "start": (np.int64, 0), "c": (np.int64, -1)})
+    keys = _CallKeys(calls)
+    # Each call's owners: its ops take them (a call launches ops on its thread as it starts).
+    owners = device.launch_owners(table, calls.pop("thread"), calls.pop("start"))
     ops = _columns(con, path, kinds, OP, parts,
                    {"start": (np.int64, 0), "end": (np.int64, 0), "c": (np.int64, -1),
                     "pid": (np.int64, 0), "name": (np.int32, MEMSET), "device": (np.int32, 0),
                     "stream": (np.int32, 0)})
-    launcher = _launchers(calls, ops)
+    launcher = keys.calls_of(ops)
+    del keys
     keep = launcher >= 0
     if not keep.any():
         return None, RECORDED if _recorded(con, tables) else NO_CUDA
@@ -57,15 +62,16 @@ def read(con, path: str, tables: set[str], strings, parts: int):
         launcher = launcher[keep]
         ops = {k: v[keep] for k, v in ops.items()}
     del keep
+    owners = owners[:, launcher]
+    del launcher
     name, name_codes = dense_codes(ops.pop("name"))
     stream, stream_codes = dense_codes((ops.pop("device").astype(np.int64) << 32)
                                        | ops.pop("stream"))
-    cols = {"thread": calls["thread"][launcher], "call_start": calls["start"][launcher],
-            "start": ops.pop("start"), "end": ops.pop("end"), "name": name, "stream": stream}
-    del calls, launcher
     names = [_op_name(int(c), strings) for c in name_codes.tolist()]
     streams = [f"GPU {c >> 32} stream {c & 0xFFFFFFFF}" for c in stream_codes.tolist()]
-    return device.from_columns(cols, names, streams, "nsys CUPTI"), ""
+    return device.DeviceWork(owners=owners, start=ops.pop("start"), end=ops.pop("end"),
+                             name=name, stream=stream, names=names, streams=streams,
+                             source="nsys CUPTI"), ""
 
 
 def _columns(con, path: str, tables: list[str], query: str, parts: int, spec: dict) -> dict:
@@ -151,21 +157,30 @@ def _key_order(key, n_processes):
     return order
 
 
-def _launchers(calls: dict, ops: dict) -> np.ndarray:
-    """Per op, the row of the runtime call with its correlationId in its process (-1: none).
-    Consumes the correlation columns (their memory holds the keys) and the ops' process column
-    (its memory holds the answer)."""
-    call_thread = calls["thread"]
-    step = max(len(call_thread) // 4096, 1)
-    processes = np.unique(call_thread[::step] & ~THREAD_BITS)
-    if not _known(call_thread, ~THREAD_BITS, processes):  # a sample missed some
-        processes = np.unique(call_thread & ~THREAD_BITS)
-    call_key, op_key, out = calls.pop("c"), ops.pop("c"), ops.pop("pid")
-    _keys(call_thread, ~THREAD_BITS, call_key, processes, call_key)
-    _keys(out, -1, op_key, processes, op_key)
-    op_key[op_key < 0] = -2  # never a call's key
-    _join(call_key, _key_order(call_key, len(processes)), op_key, out)
-    return out
+class _CallKeys:
+    """The runtime calls keyed by (process, correlationId), sorted by key, so that each op
+    finds the call that launched it. Consumes the calls' correlation column (its memory holds
+    the keys)."""
+
+    def __init__(self, calls: dict):
+        thread = calls["thread"]
+        step = max(len(thread) // 4096, 1)
+        self.processes = np.unique(thread[::step] & ~THREAD_BITS)
+        if not _known(thread, ~THREAD_BITS, self.processes):  # a sample missed some
+            self.processes = np.unique(thread & ~THREAD_BITS)
+        self.key = calls.pop("c")
+        _keys(thread, ~THREAD_BITS, self.key, self.processes, self.key)
+        self.order = _key_order(self.key, len(self.processes))
+
+    def calls_of(self, ops: dict) -> np.ndarray:
+        """Per op, the row of the call with its correlationId in its process (-1: none).
+        Consumes the ops' correlation and process columns (the process column's memory holds
+        the answer)."""
+        op_key, out = ops.pop("c"), ops.pop("pid")
+        _keys(out, -1, op_key, self.processes, op_key)
+        op_key[op_key < 0] = -2  # never a call's key
+        _join(self.key, self.order, op_key, out)
+        return out
 
 
 def _recorded(con, tables: set[str]) -> bool:

@@ -79,7 +79,7 @@ def _read(path: str, label: str, parts: int) -> tbl.RangeTable:
     table = _to_table(raw, kind, names, name_code, found, end_thread, thread_names,
                       process_names, clock, label)
     with sqlite_source.connect(path) as con:
-        table.device, table.no_device = cupti.read(con, path, tables, strings, parts)
+        table.device, table.no_device = cupti.read(con, path, tables, strings, parts, table)
     return table
 
 
