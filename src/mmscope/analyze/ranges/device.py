@@ -254,23 +254,18 @@ def kernels_by_stage(work: DeviceWork, nodes, node_of_row: np.ndarray,
 def _add_kernels(sums: dict, work: DeviceWork, owner: np.ndarray, nodes,
                  node_of_row: np.ndarray) -> None:
     """(stage, name) -> [time, count] of one nesting group's ops, up their owners' paths."""
-    has = owner >= 0
-    if not has.any():
-        return
     n_names = len(work.names)
-    key = node_of_row[owner[has]].astype(np.int64) * n_names + work.name[has]
-    duration = (work.end - work.start)[has]
-    if len(nodes) * n_names <= max(4 * len(key), 1 << 16):  # few pairs: a count per pair
-        # float64 adds integer nanoseconds exactly below 2**53 ns (104 days) a pair.
-        total = np.bincount(key, weights=duration, minlength=len(nodes) * n_names)
-        count = np.bincount(key, minlength=len(nodes) * n_names)
-        groups = np.flatnonzero(count)
-        total, count = total[groups].astype(np.int64), count[groups]
-    else:
-        groups, inverse = np.unique(key, return_inverse=True)
-        total = np.bincount(inverse, weights=duration).astype(np.int64)
-        count = np.bincount(inverse)
-    del key, duration
+    slots = 1 << 10
+    while True:  # the (node, name) pairs are few: a table of them, made larger if they are not
+        keys, total, count = (np.full(slots, -1, np.int64), np.zeros(slots, np.int64),
+                              np.zeros(slots, np.int64))
+        if _pair_sums(owner, node_of_row, work.name, work.start, work.end, n_names, keys,
+                      total, count):
+            break
+        slots *= 4
+    held = np.flatnonzero(keys >= 0)
+    held = held[np.argsort(keys[held])]
+    groups, total, count = keys[held], total[held], count[held]
     node, name = groups // n_names, groups % n_names
     while len(node):  # up the stage tree: few (node, name) pairs, whatever the ops
         for s_, n_, t_, c_ in zip(nodes.stage[node].tolist(), name.tolist(), total.tolist(),
@@ -283,9 +278,39 @@ def _add_kernels(sums: dict, work: DeviceWork, owner: np.ndarray, nodes,
         node, name, total, count = node[keep], name[keep], total[keep], count[keep]
 
 
+@njit(cache=True, nogil=True)
+def _pair_sums(owner, node_of_row, name, start, end, n_names, keys, total, count):
+    """Per (owner's node, op name) pair, the ops' time and count, in an open-addressing table
+    (keys -1: free); False where the table is too small for the pairs (half full)."""
+    mask = len(keys) - 1
+    made = 0
+    for j in range(len(owner)):
+        if owner[j] < 0:
+            continue
+        key = np.int64(node_of_row[owner[j]]) * n_names + name[j]
+        h = ((key * -7046029254386353131) >> 20) & mask
+        while keys[h] >= 0 and keys[h] != key:
+            h = (h + 1) & mask
+        if keys[h] < 0:
+            made += 1
+            if 2 * made > len(keys):
+                return False
+            keys[h] = key
+        total[h] += end[j] - start[j]
+        count[h] += 1
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _stream_sums(stream, start, end, ops, busy):
+    for j in range(len(stream)):
+        ops[stream[j]] += 1
+        busy[stream[j]] += end[j] - start[j]
+
+
 def streams(work: DeviceWork) -> list[dict]:
     """Per device stream: its name, ops and their summed time."""
-    ops = np.bincount(work.stream, minlength=len(work.streams))
-    busy = np.bincount(work.stream, weights=work.end - work.start, minlength=len(work.streams))
+    ops, busy = np.zeros(len(work.streams), np.int64), np.zeros(len(work.streams), np.int64)
+    _stream_sums(work.stream, work.start, work.end, ops, busy)
     return [{"stream": name, "ops": int(ops[i]), "kernel_ns": int(busy[i])}
             for i, name in enumerate(work.streams) if ops[i]]
