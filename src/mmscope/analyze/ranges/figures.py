@@ -122,32 +122,41 @@ def nearest_rank(values: np.ndarray, q: float) -> int:
     return int(np.partition(values, k)[k])
 
 
-def per_node_and_stage(table, node: np.ndarray, node_stage: np.ndarray, n_stages: int,
-                       device=None) -> tuple[dict[int, dict], dict[int, dict]]:
-    """Per node and per stage (only those of some rows), their figures as the reports show them;
-    `node` per row, `node_stage` per node, `device` the rows' device time (device.PerRange;
-    None: no device side). One pass sums each node's ranges; a stage's sums are
-    its nodes'; the durations are grouped once, by node with a stage's nodes side by side, so
-    that a stage's are one slice."""
-    n_nodes = len(node_stage)
-    sums = np.zeros((n_nodes, 7), np.int64)
-    _sums(table.parent, table.start, table.end, node, n_nodes, sums)
-    if device is not None:
-        _device_sums(device.rows, device.device, device.kernel, node, sums)
-    stage_sums = _stage_sums(sums, node_stage, n_stages)
-    slots = np.argsort(node_stage, kind="stable")  # the nodes, a stage's side by side
-    slot_of_node = np.empty(n_nodes, np.int64)
-    slot_of_node[slots] = np.arange(n_nodes)
-    off = np.concatenate([[0], np.cumsum(sums[slots, 0])])
-    grouped = _grouped(table.start, table.end, node, slot_of_node, off)
-    node_pct = np.zeros((n_nodes, len(PERCENTILES)), np.int64)
-    _ranked(grouped, off, nearest_ranks(sums[slots, 0]), node_pct)
-    node_pct[slots] = node_pct.copy()
-    stage_off = off[np.searchsorted(node_stage[slots], np.arange(n_stages + 1))]
-    stage_pct = np.zeros((n_stages, len(PERCENTILES)), np.int64)
-    _ranked(grouped, stage_off, nearest_ranks(stage_sums[:, 0]), stage_pct)
-    with_device = device is not None
-    return _docs(sums, node_pct, with_device), _docs(stage_sums, stage_pct, with_device)
+class Measured:
+    """The host figures of every node and stage (the heavy part: a pass over the rows, their
+    durations grouped and ranked), to which the device time is added before they are said."""
+
+    def __init__(self, table, node: np.ndarray, node_stage: np.ndarray, n_stages: int):
+        """`node` per row, `node_stage` per node. One pass sums each node's ranges; a stage's
+        sums are its nodes'; the durations are grouped once, by node with a stage's nodes side
+        by side, so that a stage's are one slice."""
+        n_nodes = len(node_stage)
+        self.node, self.node_stage, self.n_stages = node, node_stage, n_stages
+        self.sums = np.zeros((n_nodes, 7), np.int64)
+        _sums(table.parent, table.start, table.end, node, n_nodes, self.sums)
+        slots = np.argsort(node_stage, kind="stable")  # the nodes, a stage's side by side
+        slot_of_node = np.empty(n_nodes, np.int64)
+        slot_of_node[slots] = np.arange(n_nodes)
+        off = np.concatenate([[0], np.cumsum(self.sums[slots, 0])])
+        grouped = _grouped(table.start, table.end, node, slot_of_node, off)
+        self.node_pct = np.zeros((n_nodes, len(PERCENTILES)), np.int64)
+        _ranked(grouped, off, nearest_ranks(self.sums[slots, 0]), self.node_pct)
+        self.node_pct[slots] = self.node_pct.copy()
+        stage_off = off[np.searchsorted(node_stage[slots], np.arange(n_stages + 1))]
+        counts = _stage_sums(self.sums, node_stage, n_stages)[:, 0]
+        self.stage_pct = np.zeros((n_stages, len(PERCENTILES)), np.int64)
+        _ranked(grouped, stage_off, nearest_ranks(counts), self.stage_pct)
+
+    def said(self, device=None) -> tuple[dict[int, dict], dict[int, dict]]:
+        """Per node and per stage (only those of some rows), their figures as the reports show
+        them; `device` the rows' device time (device.PerRange; None: no device side)."""
+        sums = self.sums.copy()
+        if device is not None:
+            _device_sums(device.rows, device.device, device.kernel, self.node, sums)
+        stage_sums = _stage_sums(sums, self.node_stage, self.n_stages)
+        with_device = device is not None
+        return (_docs(sums, self.node_pct, with_device),
+                _docs(stage_sums, self.stage_pct, with_device))
 
 
 def _stage_sums(sums: np.ndarray, node_stage: np.ndarray, n_stages: int) -> np.ndarray:

@@ -13,7 +13,6 @@ import numpy as np
 
 from mmscope import stages
 from mmscope.analyze.ranges import device, families, processes, steps, tree
-from mmscope.analyze.ranges.beside import Beside
 from mmscope.analyze.ranges.table import RangeTable
 
 
@@ -35,7 +34,10 @@ def build(table: RangeTable, raw_names: bool = False) -> Frame:
     """`ranges` holds every range: node, start, end, parent row; `device` the device time of
     the ranges where the profile has a device side (device.per_range). Names that differ only
     in numbers are one stage (families.py) unless `raw_names`."""
-    return complete(begin(table), raw_names)
+    frame = complete(begin(table), raw_names)
+    if table.device is not None:
+        project(frame, device.per_range(table))
+    return frame
 
 
 def begin(table: RangeTable) -> Frame:
@@ -48,10 +50,9 @@ def begin(table: RangeTable) -> Frame:
 
 
 def complete(frame: Frame, raw_names: bool = False) -> Frame:
-    """The stages, processes and roles, the stage tree, and the device time, into `frame`; the
-    device projection runs on the second core meanwhile."""
+    """The stages, processes and roles, and the stage tree, into `frame` (the device time
+    follows: `project`)."""
     table = frame.table
-    projected = None if table.device is None else Beside(device.per_range, table)
     stage_list, stage_of_name, families_ = families.stage_names(table.names, raw_names)
     procs = processes.describe(table, stage_list, stage_of_name)
     roles = _role_order({p["role"] for p in procs})
@@ -61,14 +62,16 @@ def complete(frame: Frame, raw_names: bool = False) -> Frame:
     nodes = tree.build(table, stage_of_name, role_of_thread, len(stage_list), len(roles))
     ranges = {"node": nodes.of_row, "start": table.start, "end": table.end,
               "parent": table.parent}
-    kernels, got = {}, None
-    if projected is not None:
-        got = projected.result()
-        kernels = device.kernels_by_stage(table.device, nodes, nodes.of_row)
     frame.stages, frame.stage_of_name, frame.families = stage_list, stage_of_name, families_
     frame.processes, frame.roles, frame.nodes = procs, roles, nodes
-    frame.ranges, frame.kernels, frame.device = ranges, kernels, got
+    frame.ranges, frame.kernels = ranges, {}
     return frame
+
+
+def project(frame: Frame, projected: device.PerRange) -> None:
+    """The device time of the ranges (device.per_range) and each stage's top kernels."""
+    frame.device = projected
+    frame.kernels = device.kernels_by_stage(frame.table.device, frame.nodes, frame.nodes.of_row)
 
 
 def _role_order(labels: set[str]) -> list[str]:

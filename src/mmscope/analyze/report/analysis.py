@@ -41,33 +41,41 @@ class Analysis:
 
 def analyze(path: str, table, name_filter: str | None = None,
             raw_names: bool = False) -> Analysis:
-    """Every figure of the profile: the step join, steps, checks and cache benefit (which read
-    the table only) on the second core while the stage tree and its figures are built."""
+    """Every figure of the profile. On the second core: the step join, steps, checks and cache
+    benefit (which read the table only), then the device projection; meanwhile here the stage
+    tree and its host figures, to which the device time is added."""
     from mmscope.analyze.ranges import frame, per_step, stats
     from mmscope.analyze.ranges.beside import Beside
 
     built = frame.begin(table)
-    step_part = Beside(_step_figures, built)
+    beside = Beside(_beside_tree, built)
     frame.complete(built, raw_names)
-    by_node, by_stage = stats.aggregate(built)
-    tree = stats.tree(built, by_node, name_filter)
-    stage_rows = stats.flat(built, by_node, by_stage, name_filter)
-    step_table, steps_doc, checks_doc, benefit_doc = step_part.result()
+    measured = stats.measure(built)
+    step_table, steps_doc, checks_doc, benefit_doc, projected = beside.result()
+    if projected is not None:
+        frame.project(built, projected)
+    by_node, by_stage = measured.said(built.device)
     return Analysis(
-        path=path, profile=profile_info(path, built), tree=tree, stages=stage_rows,
+        path=path, profile=profile_info(path, built),
+        tree=stats.tree(built, by_node, name_filter),
+        stages=stats.flat(built, by_node, by_stage, name_filter),
         checks=checks_doc + _malformed_check(table), steps=steps_doc,
         cache_benefit=benefit_doc, per_step=per_step.per_step(built, step_table))
 
 
-def _step_figures(built):
-    """The step join and what reads it: the step table, the steps' summary, the checks and the
-    cache benefit (from the frame's table only)."""
-    from mmscope.analyze.ranges import benefit, checks, steps
+def _beside_tree(built):
+    """What reads the table only: the step join and what reads it (the step table, the steps'
+    summary, the checks, the cache benefit), then the device projection (None: no device
+    side)."""
+    from mmscope.analyze.ranges import benefit, checks, device, steps
 
     pairs = steps.step_join(built)
     step_table = steps.steps_of(built, pairs)
-    return (step_table, steps.summary(built, pairs), checks.run_all(built, pairs),
-            benefit.cache_benefit(built, step_table))
+    figures = (step_table, steps.summary(built, pairs), checks.run_all(built, pairs),
+               benefit.cache_benefit(built, step_table))
+    del pairs
+    table = built.table
+    return figures + (None if table.device is None else device.per_range(table),)
 
 
 def _malformed_check(table) -> list[dict]:
