@@ -127,6 +127,23 @@ def prepare_process() -> None:
     # OpenBLAS's threads spin between calls (about 3 % of the run on 10 M rows, measured with
     # perf) and the analysis makes one small BLAS call (the step fit): one thread is enough.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    _return_freed_memory()
+
+
+# glibc's mallopt(3) setting of the size from which a block is mapped on its own: set, it is
+# fixed (glibc otherwise raises it to the largest block freed so far, up to 32 MiB).
+M_MMAP_THRESHOLD, MMAP_FROM = -3, 1 << 20
+
+
+def _return_freed_memory() -> None:
+    """Blocks of a MiB or more mapped on their own, so that each goes back to the system when
+    freed: the analysis frees many columns of a few MiB, which would otherwise stay in the
+    process' heap (about 50 MiB of peak memory on 10 M rows, measured). glibc only."""
+    import ctypes
+
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, MMAP_FROM)
 
 
 def _write(path: str, write) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from mmscope import stages
 from mmscope.analyze.ranges.figures import nearest_rank
-from mmscope.analyze.ranges.steps import KINDS
+from mmscope.analyze.ranges.steps import KINDS, by_kind
 
 # The kind whose comparison is the headline: the first with steps on both sides. Decode steps
 # schedule no prompt tokens, so the encoder runs in steps that prefill.
@@ -57,10 +57,10 @@ def _by_kind(steps: dict[str, np.ndarray]) -> tuple[list[dict], dict, int]:
     preprocess time of those steps. `steps`: the steps a forward follows."""
     sides: dict[int, dict] = {}
     ran_encoder = steps["encoder_ns"] > 0
-    for kind in np.unique(steps["kind"]).tolist():
+    for kind, of_kind in by_kind(steps["kind"]):
         for ran in (False, True):
-            at = (steps["kind"] == kind) & (ran_encoder == ran)
-            if not at.any():
+            at = of_kind[ran_encoder[of_kind] == ran]
+            if not len(at):
                 continue
             pre = steps["pre_ns"][at]
             side = sides.setdefault(kind, {"with_encoder": _none(), "without_encoder": _none()})

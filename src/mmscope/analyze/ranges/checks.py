@@ -30,7 +30,7 @@ def _result(name: str, bad: int, total: int, first: str, what: str) -> dict:
 
 def where(table: RangeTable, row: int) -> str:
     """A range as a person finds it in a timeline: name, times, process and thread."""
-    t = int(table.thread[row])
+    t = int(table.thread_of(row))
     thread = table.thread_names.get(t)
     label = f"pid {(t >> 24) & 0xFFFFFF} tid {t & 0xFFFFFF}" + (f" ({thread})" if thread else "")
     return (f"'{table.name_of(row)}' [{int(table.start[row])}, {int(table.end[row])}] ns "
@@ -67,7 +67,7 @@ def siblings_disjoint(table: RangeTable) -> dict:
         bad, at, holder = found.tolist()
         first = f"{where(table, at)} overlaps {where(table, holder)}" if bad else ""
         return _result(name, bad, len(rows), first, "preprocess child ranges")
-    g = group_index(table.thread[rows])
+    g = group_index(table.thread_of(rows))
     ks, ke = packed_keys(g, table.start[rows], table.end[rows])
     order, ks = packed_order(g, ks)  # rows are in row order: ties stay by row
     del g
@@ -151,8 +151,7 @@ def step_meta_joined(frame, pairs) -> dict:
     table = frame.table
     name = f"every step_meta joins a '{stages.FORWARD}' on its thread"
     metas = step_meta_rows(table)[0]
-    joined = pairs["meta_row"] if len(pairs) else np.zeros(0, np.int64)
-    unjoined = metas[~np.isin(metas, joined)]
+    unjoined = metas[~pairs.metas_joined]
     cut = cut_metas(frame, unjoined)
     bad = np.setdiff1d(unjoined, cut)
     first = where(table, bad[np.argmin(table.start[bad])]) if len(bad) else ""

@@ -15,9 +15,9 @@ PERCENTILES = (50, 90, 99)
 
 
 @njit(cache=True, nogil=True)
-def _sums(parent, start, end, key, n_keys, device_ns, kernel_ns, out):
-    """Per key: count, total, self (a range's time less its children's, never below zero), min,
-    max, device (over the ranges that launched something) and kernel time; `out` (n_keys, 7)."""
+def _sums(parent, start, end, key, n_keys, out):
+    """Per key: count, total, self (a range's time less its children's, never below zero), min
+    and max into `out` (n_keys, 7)."""
     n = len(start)
     children = np.zeros(n, np.int64)
     for i in range(n):
@@ -27,7 +27,6 @@ def _sums(parent, start, end, key, n_keys, device_ns, kernel_ns, out):
     for k in range(n_keys):
         out[k, 3] = np.iinfo(np.int64).max
         out[k, 4] = np.iinfo(np.int64).min
-    with_device = len(device_ns) == n
     for i in range(n):
         d = end[i] - start[i]
         k = key[i]
@@ -36,55 +35,70 @@ def _sums(parent, start, end, key, n_keys, device_ns, kernel_ns, out):
         out[k, 2] += d - min(children[i], d)
         out[k, 3] = min(out[k, 3], d)
         out[k, 4] = max(out[k, 4], d)
-        if with_device:
-            if device_ns[i] >= 0:
-                out[k, 5] += device_ns[i]
-            out[k, 6] += kernel_ns[i]
+
+
+@njit(cache=True, nogil=True)
+def _device_sums(rows, device, kernel, key, out):
+    """Per key: device time (over the ranges with device work of their own) and kernel time
+    into out[:, 5] and out[:, 6]; `rows` the rows that hold device work, with theirs."""
+    for j in range(len(rows)):
+        k = key[rows[j]]
+        if device[j] >= 0:
+            out[k, 5] += device[j]
+        out[k, 6] += kernel[j]
 
 
 @njit(cache=True, nogil=True)
 def _select(a, lo, hi, k):
-    """a[k] as if a[lo:hi + 1] were sorted, moving its values in place (quickselect, three-way
-    around a median of three, so that runs of equal durations cost one round)."""
+    """a[k] as if a[lo:hi + 1] were sorted, moving its values in place (quickselect: Hoare's
+    partition around a median of three, which stays linear on sorted, reversed and repeated
+    durations)."""
     while hi > lo:
-        x, y, z = a[lo], a[(lo + hi) // 2], a[hi]
-        pivot = max(min(x, y), min(max(x, y), z))
-        lt, i, gt = lo, lo, hi
-        while i <= gt:
-            v = a[i]
-            if v < pivot:
-                a[i] = a[lt]
-                a[lt] = v
-                lt += 1
+        mid = (lo + hi) // 2
+        if a[mid] < a[lo]:
+            a[mid], a[lo] = a[lo], a[mid]
+        if a[hi] < a[lo]:
+            a[hi], a[lo] = a[lo], a[hi]
+        if a[hi] < a[mid]:
+            a[hi], a[mid] = a[mid], a[hi]
+        pivot = a[mid]
+        i, j = lo - 1, hi + 1
+        while True:  # afterwards a[lo..j] <= pivot <= a[j + 1..hi], with lo <= j < hi
+            i += 1
+            while a[i] < pivot:
                 i += 1
-            elif v > pivot:
-                a[i] = a[gt]
-                a[gt] = v
-                gt -= 1
-            else:
-                i += 1
-        if k < lt:
-            hi = lt - 1
-        elif k > gt:
-            lo = gt + 1
+            j -= 1
+            while a[j] > pivot:
+                j -= 1
+            if i >= j:
+                break
+            a[i], a[j] = a[j], a[i]
+        if k <= j:
+            hi = j
         else:
-            return a[k]
+            lo = j + 1
     return a[k]
 
 
 @njit(cache=True, nogil=True)
-def _quantiles(start, end, key, n_keys, ranks, out):
-    """Per key the durations of rank ranks[key, j] (0-based, ranks descending per key) into
-    out[key, j]: the durations grouped by key, then selected in place."""
-    count = offsets(key, n_keys)
-    at = count[:n_keys].copy()
-    grouped = np.empty(len(key), np.int64)
-    for i in range(len(key)):
-        k = key[i]
+def _grouped(start, end, node, slot_of_node, off):
+    """The durations grouped by their node's slot: slot k's at [off[k], off[k + 1])."""
+    at = off[:-1].copy()
+    grouped = np.empty(len(node), np.int64)
+    for i in range(len(node)):
+        k = slot_of_node[node[i]]
         grouped[at[k]] = end[i] - start[i]
         at[k] += 1
-    for k in range(n_keys):
-        lo, hi = count[k], count[k + 1] - 1
+    return grouped
+
+
+@njit(cache=True, nogil=True)
+def _ranked(grouped, off, ranks, out):
+    """Per group k (grouped[off[k]:off[k + 1]]) the durations of rank ranks[k, j] (0-based,
+    descending per group) into out[k, j], selected in place: a group's values stay in its
+    slice, so groups made of consecutive groups can be ranked after."""
+    for k in range(len(off) - 1):
+        lo, hi = off[k], off[k + 1] - 1
         for j in range(ranks.shape[1]):  # each rank within what the larger one left below it
             if hi < lo:
                 break
@@ -108,24 +122,64 @@ def nearest_rank(values: np.ndarray, q: float) -> int:
     return int(np.partition(values, k)[k])
 
 
-def figures(table, key: np.ndarray, n_keys: int, device_ns=None, kernel_ns=None) -> dict[int, dict]:
-    """Per key (only the keys of some rows), its figures as the reports show them."""
-    sums = np.zeros((n_keys, 7), np.int64)
-    none = np.zeros(0, np.int64)
-    _sums(table.parent, table.start, table.end, key, n_keys,
-          none if device_ns is None else device_ns, none if kernel_ns is None else kernel_ns,
-          sums)
-    ranks = nearest_ranks(sums[:, 0])
-    pct = np.zeros((n_keys, len(PERCENTILES)), np.int64)
-    _quantiles(table.start, table.end, key, n_keys, ranks, pct)
+class Measured:
+    """The host figures of every node and stage (the heavy part: a pass over the rows, their
+    durations grouped and ranked), to which the device time is added before they are said."""
+
+    def __init__(self, table, node: np.ndarray, node_stage: np.ndarray, n_stages: int):
+        """`node` per row, `node_stage` per node. One pass sums each node's ranges; a stage's
+        sums are its nodes'; the durations are grouped once, by node with a stage's nodes side
+        by side, so that a stage's are one slice."""
+        n_nodes = len(node_stage)
+        self.node, self.node_stage, self.n_stages = node, node_stage, n_stages
+        self.sums = np.zeros((n_nodes, 7), np.int64)
+        _sums(table.parent, table.start, table.end, node, n_nodes, self.sums)
+        slots = np.argsort(node_stage, kind="stable")  # the nodes, a stage's side by side
+        slot_of_node = np.empty(n_nodes, np.int64)
+        slot_of_node[slots] = np.arange(n_nodes)
+        off = np.concatenate([[0], np.cumsum(self.sums[slots, 0])])
+        grouped = _grouped(table.start, table.end, node, slot_of_node, off)
+        self.node_pct = np.zeros((n_nodes, len(PERCENTILES)), np.int64)
+        _ranked(grouped, off, nearest_ranks(self.sums[slots, 0]), self.node_pct)
+        self.node_pct[slots] = self.node_pct.copy()
+        stage_off = off[np.searchsorted(node_stage[slots], np.arange(n_stages + 1))]
+        counts = _stage_sums(self.sums, node_stage, n_stages)[:, 0]
+        self.stage_pct = np.zeros((n_stages, len(PERCENTILES)), np.int64)
+        _ranked(grouped, stage_off, nearest_ranks(counts), self.stage_pct)
+
+    def said(self, device=None) -> tuple[dict[int, dict], dict[int, dict]]:
+        """Per node and per stage (only those of some rows), their figures as the reports show
+        them; `device` the rows' device time (device.PerRange; None: no device side)."""
+        sums = self.sums.copy()
+        if device is not None:
+            _device_sums(device.rows, device.device, device.kernel, self.node, sums)
+        stage_sums = _stage_sums(sums, self.node_stage, self.n_stages)
+        with_device = device is not None
+        return (_docs(sums, self.node_pct, with_device),
+                _docs(stage_sums, self.stage_pct, with_device))
+
+
+def _stage_sums(sums: np.ndarray, node_stage: np.ndarray, n_stages: int) -> np.ndarray:
+    """Each stage's sums from its nodes': counts and times added, min of mins, max of maxes."""
+    out = np.zeros((n_stages, 7), np.int64)
+    out[:, 3] = np.iinfo(np.int64).max
+    out[:, 4] = np.iinfo(np.int64).min
+    for j in (0, 1, 2, 5, 6):
+        np.add.at(out[:, j], node_stage, sums[:, j])
+    np.minimum.at(out[:, 3], node_stage, sums[:, 3])
+    np.maximum.at(out[:, 4], node_stage, sums[:, 4])
+    return out
+
+
+def _docs(sums: np.ndarray, pct: np.ndarray, with_device: bool) -> dict[int, dict]:
     out = {}
-    for k, (count, total, self_ns, low, high, dev, ker) in enumerate(sums.tolist()):
+    for k, ((count, total, self_ns, low, high, dev, ker), (p99, p90, p50)) in enumerate(
+            zip(sums.tolist(), pct.tolist())):
         if not count:
             continue
-        p99, p90, p50 = pct[k].tolist()
         out[k] = {"count": count, "total_ns": total, "self_ns": self_ns,
                   "mean_ns": (total + count // 2) // count,
                   "p50_ns": p50, "p90_ns": p90, "p99_ns": p99, "min_ns": low, "max_ns": high,
-                  "device_ns": None if device_ns is None else dev,
-                  "kernel_ns": None if kernel_ns is None else ker}
+                  "device_ns": dev if with_device else None,
+                  "kernel_ns": ker if with_device else None}
     return out

@@ -2,7 +2,8 @@
 its self time and device time, the stages, the processes and their roles; what every computation
 reads.
 
-Built once per analysis, in compiled passes over the rows (tree.py, figures.py, device.py).
+Built once per analysis, in compiled passes over the rows (tree.py, figures.py, device.py); what
+reads only the table can start once its catalogue rows are found (`begin`).
 """
 from __future__ import annotations
 
@@ -18,49 +19,59 @@ from mmscope.analyze.ranges.table import RangeTable
 @dataclass
 class Frame:
     table: RangeTable
-    stages: list[str]            # stage names (every step_meta name folded into one, families)
-    stage_of_name: np.ndarray    # canonical name id -> stage id
-    families: list               # per stage: (pattern, distinct names) of a family, or None
-    processes: list[dict]        # processes.describe
-    roles: list[str]             # role labels, in the order of the tree's roots
-    nodes: tree.Nodes
-    ranges: dict[str, np.ndarray]  # per row: stage, node, thread, start, end, parent (+ device)
-    kernels: dict[int, list[dict]]  # per stage id, its top kernels (none without a device side)
+    stages: list[str] = None            # stage names (every step_meta name folded into one,
+    stage_of_name: np.ndarray = None    # families); canonical name id -> stage id
+    families: list = None               # per stage: (pattern, distinct names) of a family, or None
+    processes: list[dict] = None        # processes.describe
+    roles: list[str] = None             # role labels, in the order of the tree's roots
+    nodes: tree.Nodes = None
+    ranges: dict[str, np.ndarray] = None  # per row: node, start, end, parent (+ device)
+    kernels: dict[int, list[dict]] = None  # per stage id, its top kernels (none: no device side)
+    device: device.PerRange | None = None  # the device time of the ranges (None: no device side)
 
 
 def build(table: RangeTable, raw_names: bool = False) -> Frame:
-    """`ranges` holds every range: stage, node, thread, start, end, parent row; and where the
-    profile has a device side device_ns (-1: none) and kernel_ns (device.per_range). Names that
-    differ only in numbers are one stage (families.py) unless `raw_names`."""
-    _find_catalogue_rows(table)
-    stage_list, stage_of_name, families_ = families.stage_names(table.names, raw_names)
-    stage = stage_of_name[table.name_id]
-    # Each row's thread index: its nesting group's, which counts threads first.
-    threads = table.threads
-    thread_code = table.group if table.n_subs == 1 else table.group // table.n_subs
-    procs = processes.describe(table, stage_list, stage, thread_code, threads)
-    roles = _role_order({p["role"] for p in procs})
-    role_of_pid = {p["pid"]: roles.index(p["role"]) for p in procs}
-    role_of_thread = np.array([role_of_pid.get(processes.pid_of(t), 0)
-                               for t in threads.tolist()], np.int64)
-    nodes = tree.build(table, stage, thread_code, role_of_thread, len(stage_list), len(roles))
-    del thread_code
-    ranges = {"stage": stage, "node": nodes.of_row, "thread": table.thread,
-              "start": table.start, "end": table.end, "parent": table.parent}
-    kernels = {}
+    """`ranges` holds every range: node, start, end, parent row; `device` the device time of
+    the ranges where the profile has a device side (device.per_range). Names that differ only
+    in numbers are one stage (families.py) unless `raw_names`."""
+    frame = complete(begin(table), raw_names)
     if table.device is not None:
-        got = device.per_range(table)
-        ranges.update(device_ns=got.device_ns, kernel_ns=got.kernel_ns)
-        kernels = device.kernels_by_stage(table.device, got.owners, nodes, nodes.of_row)
-    return Frame(table=table, stages=stage_list, stage_of_name=stage_of_name, families=families_,
-                 processes=procs, roles=roles, nodes=nodes, ranges=ranges, kernels=kernels)
+        project(frame, device.per_range(table))
+    return frame
 
 
-def _find_catalogue_rows(table: RangeTable) -> None:
-    """The rows of the stages the steps, checks and benefit look up, in one pass."""
+def begin(table: RangeTable) -> Frame:
+    """The frame of a table whose catalogue rows are found: what the step join, the checks and
+    the cache benefit read (they read the table only), before the stage tree is built."""
     table.find_rows((stages.FORWARD,), (stages.PREPROCESS,), (stages.VIT_FORWARD,),
                     (stages.EC_SAVE,), stages.PREPROCESS_SIBLINGS,
                     id_sets={steps.STEP_META_ROWS: steps.step_meta_shapes(table)[1]})
+    return Frame(table=table)
+
+
+def complete(frame: Frame, raw_names: bool = False) -> Frame:
+    """The stages, processes and roles, and the stage tree, into `frame` (the device time
+    follows: `project`)."""
+    table = frame.table
+    stage_list, stage_of_name, families_ = families.stage_names(table.names, raw_names)
+    procs = processes.describe(table, stage_list, stage_of_name)
+    roles = _role_order({p["role"] for p in procs})
+    role_of_pid = {p["pid"]: roles.index(p["role"]) for p in procs}
+    role_of_thread = np.array([role_of_pid.get(processes.pid_of(t), 0)
+                               for t in table.threads.tolist()], np.int64)
+    nodes = tree.build(table, stage_of_name, role_of_thread, len(stage_list), len(roles))
+    ranges = {"node": nodes.of_row, "start": table.start, "end": table.end,
+              "parent": table.parent}
+    frame.stages, frame.stage_of_name, frame.families = stage_list, stage_of_name, families_
+    frame.processes, frame.roles, frame.nodes = procs, roles, nodes
+    frame.ranges, frame.kernels = ranges, {}
+    return frame
+
+
+def project(frame: Frame, projected: device.PerRange) -> None:
+    """The device time of the ranges (device.per_range) and each stage's top kernels."""
+    frame.device = projected
+    frame.kernels = device.kernels_by_stage(frame.table.device, frame.nodes, frame.nodes.of_row)
 
 
 def _role_order(labels: set[str]) -> list[str]:

@@ -47,7 +47,7 @@ def _codes(values, slots, codes, found):
 def dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(codes, keys): keys the distinct values in ascending order, codes[i] the index of values[i]
     in them. One pass without a sort of the rows: profiles have few threads and domains."""
-    values = np.ascontiguousarray(values, dtype=np.int64)
+    values = np.ascontiguousarray(values)  # integers of any width
     codes = np.empty(len(values), np.int32 if len(values) < (1 << 31) else np.int64)
     slots = _FIRST_TABLE
     while True:
@@ -59,7 +59,15 @@ def dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     keys = found[:made]
     rank = np.empty(made, codes.dtype)
     rank[np.argsort(keys, kind="stable")] = np.arange(made, dtype=codes.dtype)
-    return rank[codes], np.sort(keys)
+    renumber(codes, rank)
+    return codes, np.sort(keys)
+
+
+@njit(cache=True, nogil=True)
+def renumber(codes, new):
+    """codes[i] = new[codes[i]], in place."""
+    for i in range(len(codes)):
+        codes[i] = new[codes[i]]
 
 
 @njit(cache=True, nogil=True)
@@ -79,15 +87,15 @@ def _in_order(group, start, end, n_groups):
 
 @njit(cache=True, nogil=True)
 def _stack_pass(order, group, start, end, slack, n_groups, parent, crossing):
-    """Rows in `order` (nesting order within each group). A row's parent is the last earlier row
-    of its group that contains it (its start inside, its end at most `slack` past); the group's
-    stack keeps the rows that may still contain a later one: a row that ends before another
-    needs is passed over for good, as the later row holds everything it could. The largest end
-    passed over says whether the row crosses an earlier one."""
+    """Rows in `order` (nesting order within each group; walk_of). A row's parent is the last
+    earlier row of its group that contains it (its start inside, its end at most `slack`
+    past); the group's stack keeps the rows that may still contain a later one: a row that ends
+    before another needs is passed over for good, as the later row holds everything it could.
+    The largest end passed over says whether the row crosses an earlier one."""
     top = np.full(n_groups, -1, np.int64)
     below = np.empty(len(group), parent.dtype)
-    for k in range(len(order)):
-        i = order[k]
+    for k in range(len(group)):
+        i = nth(order, k)
         g = group[i]
         s, e = start[i], end[i]
         need = max(e - slack, s + 1)
@@ -115,6 +123,19 @@ def offsets(labels, n_labels):
     return off
 
 
+@njit(cache=True, nogil=True)
+def by_group(walk, group, n_groups):
+    """The rows of each nesting group in nesting order: rows[off[g]:off[g + 1]]."""
+    off = offsets(group, n_groups)
+    at = off[:n_groups].copy()
+    rows = np.empty(len(group), walk.dtype)
+    for k in range(len(group)):
+        i = nth(walk, k)
+        rows[at[group[i]]] = i
+        at[group[i]] += 1
+    return rows, off
+
+
 def position_type(n: int):
     """Row positions in 32 bits where they fit: half the memory and bandwidth of int64."""
     return np.int32 if n < (1 << 31) - 1 else np.int64
@@ -132,8 +153,8 @@ def nesting_order(group: np.ndarray, start: np.ndarray, end: np.ndarray,
 
 @njit(cache=True, nogil=True)
 def _depths(walk, parent, depth):
-    for k in range(len(walk)):
-        i = walk[k]
+    for k in range(len(parent)):
+        i = nth(walk, k)
         p = parent[i]
         depth[i] = 0 if p < 0 else depth[p] + 1
 
@@ -146,8 +167,15 @@ def depths(parent: np.ndarray, order: np.ndarray | None) -> np.ndarray:
 
 
 def walk_of(n: int, order: np.ndarray | None) -> np.ndarray:
-    """The rows in nesting order: `order`, or row order where that is None."""
-    return np.arange(n, dtype=position_type(n)) if order is None else order
+    """The rows in nesting order as the compiled passes take them (`nth`): `order`, or where
+    that is None an empty array, which stands for row order without a column of positions."""
+    return np.zeros(0, position_type(n)) if order is None else order
+
+
+@njit(cache=True, nogil=True, inline="always")
+def nth(walk, k):
+    """The k-th row of a walk in nesting order (walk_of's empty walk: row k)."""
+    return walk[k] if len(walk) else k
 
 
 def nest(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups: int, slack: int = 0):

@@ -34,7 +34,7 @@ def per_step(frame, step_table) -> dict | None:
     picked = stepped[sample(len(stepped))]
     pre = step_table["pre"][picked]
     ends = _next_start(step_table, picked)
-    got = _parts(frame, {"thread": table.thread[pre], "start": table.start[pre], "end": ends,
+    got = _parts(frame, {"pre": pre, "start": table.start[pre], "end": ends,
                          "parent": table.parent[pre]})
     stage_names = [frame.stages[s] for s in got["stage"].tolist()]
     beside = _top(stage_names, got["ns"])
@@ -48,7 +48,7 @@ def per_step(frame, step_table) -> dict | None:
             ns[step, column.get(name, len(parts) - 1)] += t
     t0 = int(table.start.min())
     device_ns = None
-    if "device_ns" in frame.ranges:  # the step's preprocess is among its window's ranges
+    if frame.device is not None:  # the step's preprocess is among its window's ranges
         device_ns = np.bincount(got["step"], weights=got["device_ns"],
                                 minlength=len(pre)).astype(np.int64).tolist()
     return {"steps": len(stepped), "shown": len(picked), "t0_ns": t0, "parts": parts,
@@ -60,57 +60,58 @@ def per_step(frame, step_table) -> dict | None:
 
 
 @njit(cache=True, nogil=True)
-def _in_windows(group, n_subs, start, parent, w_off, w_start, w_index, w_end, w_parent, out_row,
+def _in_windows(w_group, w_start, w_end, w_parent, n_subs, rows, off, start, parent, out_row,
                 out_at):
-    """The rows that lie in a window: of the windows on a row's thread starting at or before
-    it, the latest (w_* sorted by thread and start, w_off[t] the first of thread t's), when the
-    row starts before its end and has its parent. Returns how many (out_* filled up to room)."""
+    """The rows that lie in a window: on the window's thread (in any of its nesting groups,
+    `w_group` the first), starting in [its start, its end), with its parent. Each group's rows
+    come by start (`rows`, `off`: table.rows_by_group): a search finds the window's first.
+    Returns how many (out_* filled up to their room)."""
     found = 0
-    for i in range(len(group)):
-        t = group[i] // n_subs
-        lo, hi = w_off[t], w_off[t + 1]
-        if lo == hi or w_start[lo] > start[i]:
-            continue
-        while hi - lo > 1:  # the last window starting at or before the row
-            mid = (lo + hi) // 2
-            if w_start[mid] <= start[i]:
-                lo = mid
-            else:
-                hi = mid
-        w = w_index[lo]
-        if start[i] < w_end[w] and parent[i] == w_parent[w]:
-            if found < len(out_row):
-                out_row[found] = i
-                out_at[found] = w
-            found += 1
+    for w in range(len(w_group)):
+        for g in range(w_group[w], w_group[w] + n_subs):
+            a, b = off[g], off[g + 1]
+            while a < b:  # the first row of the group starting at or after the window
+                m = (a + b) // 2
+                if start[rows[m]] < w_start[w]:
+                    a = m + 1
+                else:
+                    b = m
+            for k in range(a, off[g + 1]):
+                i = rows[k]
+                if start[i] >= w_end[w]:
+                    break
+                if parent[i] == w_parent[w]:
+                    if found < len(out_row):
+                        out_row[found] = i
+                        out_at[found] = w
+                    found += 1
     return found
 
 
 def _parts(frame, windows: dict) -> dict[str, np.ndarray]:
     """Per step and stage, the time of the ranges beside the step's preprocess in its window:
-    the stage ranges with the preprocess' parent that start in the window on its thread (of
-    windows starting at or before a range on its thread, the latest holds it)."""
+    the stage ranges with the preprocess' parent that start in the window on its thread (the
+    windows of a thread do not overlap: each ends where the thread's next step starts)."""
     table, ranges = frame.table, frame.ranges
-    w_thread = np.searchsorted(table.threads, windows["thread"])
-    order = np.lexsort((np.arange(len(w_thread)), windows["start"], w_thread))
-    w_off = np.searchsorted(w_thread[order], np.arange(len(table.threads) + 1))
-    args = (table.group, table.n_subs, table.start, table.parent, w_off,
-            windows["start"][order], order, windows["end"], windows["parent"])
-    room = 0
+    rows_by_group, off = table.rows_by_group()
+    w_group = table.group[windows["pre"]] // table.n_subs * table.n_subs
+    args = (w_group, windows["start"], windows["end"], windows["parent"], table.n_subs,
+            rows_by_group, off, table.start, table.parent)
+    room = 0  # the windows' rows are counted first (few: the windows are few)
     while True:
         rows, at = np.empty(room, np.int64), np.empty(room, np.int64)
         found = _in_windows(*args, rows, at)
         if found <= room:
-            rows, at = rows[:found], at[:found]
             break
         room = found
     n_stages = len(frame.stages)
-    keys, inverse = np.unique(at * n_stages + ranges["stage"][rows], return_inverse=True)
+    stage = frame.stage_of_name[table.name_id[rows]]
+    keys, inverse = np.unique(at * n_stages + stage, return_inverse=True)
     ns = np.zeros(len(keys), np.int64)
     np.add.at(ns, inverse, ranges["end"][rows] - ranges["start"][rows])
     device_ns = np.zeros(len(keys), np.int64)
-    if "device_ns" in ranges:
-        np.add.at(device_ns, inverse, np.maximum(ranges["device_ns"][rows], 0))
+    if frame.device is not None:
+        np.add.at(device_ns, inverse, np.maximum(frame.device.device_of(rows), 0))
     return {"step": keys // n_stages, "stage": keys % n_stages, "ns": ns, "device_ns": device_ns}
 
 

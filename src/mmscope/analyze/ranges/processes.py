@@ -7,6 +7,7 @@ A process title says engine or worker (vLLM's `VLLM::EngineCore`, `VLLM::Worker`
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from mmscope import stages
 
@@ -42,14 +43,20 @@ def role_of(title: str | None, names: set[str]) -> str:
     return " + ".join(r for r in ROLE_ORDER if r in found)
 
 
-def describe(table, stage_names: list[str], stage: np.ndarray, thread_code: np.ndarray,
-             threads: np.ndarray) -> list[dict]:
+def describe(table, stage_names: list[str], stage_of_name: np.ndarray) -> list[dict]:
     """One entry per process, in pid order: pid, name, role, ranges, and its threads (tid,
-    name, ranges) in tid order. `stage`: per row; `thread_code`: per row, into `threads`."""
+    name, ranges) in tid order. `stage_of_name`: per name id, its stage."""
     n_stages = max(len(stage_names), 1)
-    key = thread_code.astype(np.int64) * n_stages + stage
-    pairs, counts = np.unique(key, return_counts=True) if len(threads) * n_stages > 4 * len(key) \
-        else _present(np.bincount(key, minlength=len(threads) * n_stages))
+    threads = table.threads
+    if len(threads) * n_stages > 4 * len(table):  # many (thread, stage) pairs: the present ones
+        key = (table.thread_index.astype(np.int64) * n_stages
+               + stage_of_name[table.name_id])
+        pairs, counts = np.unique(key, return_counts=True)
+        del key
+    else:
+        counts = np.zeros(len(threads) * n_stages, np.int64)
+        _count_pairs(table.group, table.n_subs, table.name_id, stage_of_name, n_stages, counts)
+        pairs, counts = _present(counts)
     per_thread: dict[int, int] = {}
     names_of: dict[int, set[str]] = {}
     for pair, count in zip(pairs.tolist(), counts.tolist()):
@@ -65,6 +72,13 @@ def describe(table, stage_names: list[str], stage: np.ndarray, thread_code: np.n
                     "threads": [{"tid": tid_of(t), "name": table.thread_names.get(t),
                                  "ranges": per_thread[t]} for t in threads_]})
     return out
+
+
+@njit(cache=True, nogil=True)
+def _count_pairs(group, n_subs, name_id, stage_of_name, n_stages, counts):
+    """counts[thread index * n_stages + stage]: the ranges of each (thread, stage)."""
+    for i in range(len(group)):
+        counts[group[i] // n_subs * n_stages + stage_of_name[name_id[i]]] += 1
 
 
 def _present(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

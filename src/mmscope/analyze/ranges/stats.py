@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from mmscope.analyze.ranges.figures import figures
+from mmscope.analyze.ranges.figures import Measured
 
 FIGURES = ("count", "total_ns", "self_ns", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "min_ns",
            "max_ns", "device_ns", "kernel_ns")
@@ -20,10 +20,12 @@ def family_doc(family) -> dict | None:
 def aggregate(frame) -> tuple[dict[int, dict], dict[int, dict]]:
     """The figures of every node and of every stage, keyed by their ids; device_ns and kernel_ns
     summed over the ranges (None without a device side)."""
-    device = (frame.ranges.get("device_ns"), frame.ranges.get("kernel_ns"))
-    by_node = figures(frame.table, frame.nodes.of_row, len(frame.nodes), *device)
-    by_stage = figures(frame.table, frame.ranges["stage"], len(frame.stages), *device)
-    return by_node, by_stage
+    return measure(frame).said(frame.device)
+
+
+def measure(frame) -> Measured:
+    """The host figures of every node and stage, the device time to come (Measured.said)."""
+    return Measured(frame.table, frame.nodes.of_row, frame.nodes.stage, len(frame.stages))
 
 
 def flat(frame, by_node: dict, by_stage: dict, name_filter: str | None = None) -> list[dict]:

@@ -7,6 +7,7 @@ report's per-step view read.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from mmscope import stages
 from mmscope.analyze.ranges.figures import nearest_rank
@@ -21,9 +22,12 @@ def step_meta_shapes(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
     parseable step_meta names."""
     if "step_meta_shapes" not in table._cache:
         shapes = np.full((len(table.names), 4), -1, dtype=np.int64)
-        at = [i for i, name in enumerate(table.names) if name.startswith(stages.STEP_META_PREFIX)]
-        if at:
-            shapes[at] = _parse_shapes([table.names[i] for i in at])
+        names = table.names_column()
+        at = names.str.starts_with(stages.STEP_META_PREFIX).arg_true()
+        if len(at):
+            shapes[at.to_numpy()] = _parse_shapes(names.gather(at))
+        if shapes.max(initial=-1) <= np.iinfo(np.int32).max:
+            shapes = shapes.astype(np.int32)  # the steps' shapes in half the memory
         table._cache["step_meta_shapes"] = (shapes, np.flatnonzero(shapes[:, 0] >= 0))
     return table._cache["step_meta_shapes"]
 
@@ -39,15 +43,16 @@ def step_meta_rows(table: RangeTable) -> tuple[np.ndarray, np.ndarray]:
     return table._cache[STEP_META_ROWS], shapes
 
 
-def _parse_shapes(names: list[str]) -> np.ndarray:
+def _parse_shapes(names) -> np.ndarray:
     """(prefill, decode, total, reqs) of each name, -1s where it is no step_meta.
 
     Every profile step has its own step_meta name (hundreds of thousands in a long run): they are
-    matched with `stages.parse_step_meta`'s pattern in one vectorized call; a name that matches
-    but whose numbers do not read as int64 (other digits, too long) goes through it by itself."""
+    matched with `stages.parse_step_meta`'s pattern in one vectorized call (`names`: a polars
+    column); a name that matches but whose numbers do not read as int64 (other digits, too long)
+    goes through it by itself."""
     import polars as pl
 
-    found = pl.Series(names, dtype=pl.String).str.extract_groups(stages.STEP_META_PATTERN)
+    found = names.str.extract_groups(stages.STEP_META_PATTERN)
     matched = found.struct.field("1").is_not_null().to_numpy()
     out = np.full((len(names), 4), -1, dtype=np.int64)
     fields = [found.struct.field(str(k + 1)).cast(pl.Int64, strict=False) for k in range(4)]
@@ -82,9 +87,16 @@ class Columns:
 
 
 class StepPairs(Columns):
-    """The step join: one row per joined forward."""
+    """The step join: one row per joined forward. `forwards`: every forward row in time order
+    (start, then row); `meta_at`: per forward there, its step_meta's position among the
+    step_meta rows (-1: none); `metas_joined`: per step_meta row, whether a forward joined it."""
 
     COLUMNS = ("forward_row", "meta_row", "thread", "start", "forward_ns") + SHAPE_FIELDS
+
+    def __init__(self, columns: dict, forwards: np.ndarray, meta_at: np.ndarray,
+                 metas_joined: np.ndarray):
+        super().__init__(columns)
+        self.forwards, self.meta_at, self.metas_joined = forwards, meta_at, metas_joined
 
 
 def step_join(frame) -> StepPairs:
@@ -93,32 +105,33 @@ def step_join(frame) -> StepPairs:
     together on a thread, the last in row order is the step's."""
     table = frame.table
     metas, shapes = step_meta_rows(table)  # in row order
-    fwd = table.rows_named(stages.FORWARD)
-    at = asof(table.thread[fwd], table.start[fwd], table.thread[metas], table.start[metas])
+    forwards = _in_time_order(table, table.rows_named(stages.FORWARD))
+    at = asof(table, forwards, metas)
     joined = at >= 0
-    fwd, meta = fwd[joined], metas[at[joined]]
-    del at, joined
-    order = np.argsort(table.start[fwd], kind="stable")  # fwd in row order: ties stay by row
-    fwd, meta = fwd[order], meta[order]  # row positions, in 32 bits where they fit
+    fwd, meta = forwards[joined], metas[at[joined]]  # row positions, in 32 bits where they fit
+    metas_joined = np.zeros(len(metas), bool)
+    metas_joined[at[joined]] = True
     start = table.start[fwd]
     ids = table.name_id[meta]
-    return StepPairs({"forward_row": fwd, "meta_row": meta, "thread": table.thread[fwd],
+    return StepPairs({"forward_row": fwd, "meta_row": meta, "thread": table.thread_of(fwd),
                       "start": start, "forward_ns": table.end[fwd] - start,
-                      **{k: shapes[ids, j] for j, k in enumerate(SHAPE_FIELDS)}})
+                      **{k: shapes[ids, j] for j, k in enumerate(SHAPE_FIELDS)}},
+                     forwards, at, metas_joined)
 
 
-def _forward_of(table: RangeTable, pre: np.ndarray) -> np.ndarray:
-    """Per preprocess row (in `pre`'s order), the first forward (by start, then row) of those
-    whose nearest preceding preprocess on their thread it is; -1: none."""
-    fwd = table.rows_named(stages.FORWARD)
-    fwd = fwd[np.argsort(table.start[fwd], kind="stable")]
-    at = asof(table.thread[fwd], table.start[fwd], table.thread[pre], table.start[pre])
-    joined = at >= 0
-    at, fwd = at[joined], fwd[joined]
-    steps, first = np.unique(at, return_index=True)  # the first of each in (start, row) order
-    forward = np.full(len(pre), -1, position_type(len(table)))
-    forward[steps] = fwd[first]
-    return forward
+def _in_time_order(table: RangeTable, rows: np.ndarray) -> np.ndarray:
+    """Rows (in row order) by start, ties by row."""
+    return rows[np.argsort(table.start[rows], kind="stable")]
+
+
+@njit(cache=True, nogil=True)
+def _firsts(at, out):
+    """out[p]: the first k with at[k] == p (-1: none)."""
+    out[:] = -1
+    for k in range(len(at)):
+        p = at[k]
+        if p >= 0 and out[p] < 0:
+            out[p] = k
 
 
 class Steps(Columns):
@@ -129,19 +142,22 @@ class Steps(Columns):
 
 def steps_of(frame, pairs: StepPairs) -> Steps:
     table = frame.table
-    pre = table.rows_named(stages.PREPROCESS)
-    pre = pre[np.argsort(table.start[pre], kind="stable")]
-    forward = _forward_of(table, pre)
+    pre = _in_time_order(table, table.rows_named(stages.PREPROCESS))
+    # Per preprocess, the first forward (by start, then row) of those whose nearest preceding
+    # preprocess on their thread it is, and that forward's step_meta.
+    first = np.empty(len(pre), np.int64)
+    _firsts(asof(table, pairs.forwards, pre), first)
+    stepped = first >= 0
+    forward = np.full(len(pre), -1, position_type(len(table)))
+    forward[stepped] = pairs.forwards[first[stepped]]
+    meta_at = np.where(stepped, pairs.meta_at[np.maximum(first, 0)], -1)
+    del first
+    metas, shapes_of = step_meta_rows(table)
     meta = np.full(len(pre), -1, position_type(len(table)))
-    if len(pairs):  # each step's forward among the joined ones: its step_meta
-        by_row = np.argsort(pairs["forward_row"])
-        at = np.searchsorted(pairs["forward_row"], forward, sorter=by_row)
-        at = by_row[np.minimum(at, len(by_row) - 1)]
-        hit = (forward >= 0) & (pairs["forward_row"][at] == forward)
-        meta[hit] = pairs["meta_row"][at[hit]]
-    shapes = step_meta_rows(table)[1][table.name_id[np.maximum(meta, 0)]]
+    meta[meta_at >= 0] = metas[meta_at[meta_at >= 0]]
+    shapes = shapes_of[table.name_id[np.maximum(meta, 0)]]
     shapes[meta < 0] = -1
-    cols = {"pre": pre, "forward": forward, "meta": meta, "thread": table.thread[pre],
+    cols = {"pre": pre, "forward": forward, "meta": meta, "thread": table.thread_of(pre),
             "start": table.start[pre], "pre_ns": table.end[pre] - table.start[pre],
             "encoder_ns": _encoder_time(table, pre),
             "forward_ns": np.where(forward >= 0, table.end[forward] - table.start[forward], 0),
@@ -163,12 +179,36 @@ def _encoder_time(table: RangeTable, pre: np.ndarray) -> np.ndarray:
 
 def kind_codes(prefill: np.ndarray, decode: np.ndarray) -> np.ndarray:
     """Index into KINDS per step: prefill, decode, mixed, idle; unknown without a shape."""
-    code = np.full(len(prefill), KINDS.index("idle"), np.int8)
-    code[(prefill > 0) & (decode == 0)] = KINDS.index("prefill")
-    code[(prefill == 0) & (decode > 0)] = KINDS.index("decode")
-    code[(prefill > 0) & (decode > 0)] = KINDS.index("mixed")
-    code[prefill < 0] = KINDS.index("unknown")
+    code = np.empty(len(prefill), np.int8)
+    _kind_codes(prefill, decode, code)
     return code
+
+
+PREFILL, DECODE, MIXED, IDLE, UNKNOWN = (KINDS.index(k) for k in KINDS)
+
+
+@njit(cache=True, nogil=True)
+def _kind_codes(prefill, decode, code):
+    for i in range(len(prefill)):
+        p, d = prefill[i], decode[i]
+        if p < 0:
+            code[i] = UNKNOWN
+        elif p > 0 and d > 0:
+            code[i] = MIXED
+        elif p > 0 and d == 0:
+            code[i] = PREFILL
+        elif p == 0 and d > 0:
+            code[i] = DECODE
+        else:
+            code[i] = IDLE
+
+
+def by_kind(kinds: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(kind, its positions) of each kind present, in KINDS' order."""
+    order = np.argsort(kinds, kind="stable")
+    bounds = np.searchsorted(kinds[order], np.arange(len(KINDS) + 1))
+    return [(k, order[bounds[k]:bounds[k + 1]]) for k in range(len(KINDS))
+            if bounds[k + 1] > bounds[k]]
 
 
 def cut_metas(frame, metas: np.ndarray) -> np.ndarray:
@@ -180,7 +220,7 @@ def cut_metas(frame, metas: np.ndarray) -> np.ndarray:
     table = frame.table
     last_meta = _latest_start(table, step_meta_rows(table)[0])
     last_forward = _latest_start(table, table.rows_named(stages.FORWARD))
-    cut = [m for m, thread, start in zip(metas.tolist(), table.thread[metas].tolist(),
+    cut = [m for m, thread, start in zip(metas.tolist(), table.thread_of(metas).tolist(),
                                          table.start[metas].tolist())
            if start == last_meta[thread] and last_forward.get(thread, -1) < start]
     return np.array(cut, np.int64)
@@ -188,7 +228,7 @@ def cut_metas(frame, metas: np.ndarray) -> np.ndarray:
 
 def _latest_start(table: RangeTable, rows: np.ndarray) -> dict[int, int]:
     """{thread: the latest start of these rows on it}."""
-    threads, inverse = np.unique(table.thread[rows], return_inverse=True)
+    threads, inverse = np.unique(table.thread_of(rows), return_inverse=True)
     latest = np.full(len(threads), np.iinfo(np.int64).min)
     np.maximum.at(latest, inverse, table.start[rows])
     return dict(zip(threads.tolist(), latest.tolist()))
@@ -199,7 +239,7 @@ def summary(frame, pairs: StepPairs) -> dict:
     table = frame.table
     forwards = len(table.rows_named(stages.FORWARD))
     metas = len(step_meta_rows(table)[0])
-    joined = len(np.unique(pairs["meta_row"])) if len(pairs) else 0
+    joined = int(np.count_nonzero(pairs.metas_joined))
     fit, fit_reason = _fit(pairs)
     return {"pairs": len(pairs), "forwards": forwards, "step_metas": metas,
             "unmatched_forwards": forwards - len(pairs), "unjoined_step_metas": metas - joined,
@@ -226,10 +266,8 @@ def _missing(forwards: int, metas: int, pairs: int) -> str | None:
 def _by_kind(pairs: StepPairs) -> list[dict]:
     if len(pairs) == 0:
         return []
-    kinds = kind_codes(pairs["prefill"], pairs["decode"])
     out = []
-    for kind in np.unique(kinds).tolist():
-        at = kinds == kind
+    for kind, at in by_kind(kind_codes(pairs["prefill"], pairs["decode"])):
         forward, tokens = pairs["forward_ns"][at], pairs["total"][at]
         n = len(forward)
         out.append({"kind": KINDS[kind], "steps": n,

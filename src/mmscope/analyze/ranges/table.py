@@ -10,7 +10,9 @@ import numpy as np
 from numba import njit
 
 from mmscope import stages
-from mmscope.analyze.ranges.nesting import NO_PARENT, dense_codes, depths, nest, position_type
+from mmscope.analyze.ranges.beside import Beside
+from mmscope.analyze.ranges.nesting import (NO_PARENT, by_group, dense_codes, depths, nest,
+                                             offsets, position_type, walk_of)
 
 PUSH_POP, START_END, MARK = 0, 1, 2
 KIND_NAMES = ("push_pop", "start_end", "mark")
@@ -21,28 +23,30 @@ class RangeTable:
     """Columns (numpy, one entry per range, in file order) plus the small lookup lists.
 
     `name_id` indexes `names` (canonical spellings, see `stages.canonical`); `domain_id` indexes
-    `domains` ("" is the default domain); `thread` is nsys' globalTid (pid << 24 | tid); `parent`
+    `domains` ("" is the default domain); `threads` holds the distinct threads ascending (nsys'
+    globalTid, pid << 24 | tid) and `group` each row's nesting group, its thread's index into
+    `threads` * `n_subs` + its (domain, kind) index (a row's thread is `thread_of`); `parent`
     is the row index of the enclosing range or -1; `unclosed` rows had no end (their end is the
     profile's last timestamp, as nsys' own reports do); `crossing` holds the rows that overlap
     an earlier range of their thread partly (neither contains the other: not nested, one level);
     `slack_ns` is how far a child may end after its parent and still nest (the format's time
     resolution); `device` the GPU work the ranges launched (None: the profile has no device side,
-    `no_device` says why); `group` each row's nesting group, thread index (into `threads`, the
-    distinct threads ascending) * `n_subs` + its (domain, kind) index, and `order` the rows in
-    nesting order (None: row order is it). Every row is a stage: a range a program
-    named.
+    `no_device` says why); `ends_elsewhere` the rows that end on another thread and those
+    threads; `order` the rows in nesting order (None: row order is it). Every row is a stage: a
+    range a program named.
     """
 
     name_id: np.ndarray
     start: np.ndarray
     end: np.ndarray
     kind: np.ndarray
-    thread: np.ndarray
-    end_thread: np.ndarray
     domain_id: np.ndarray
     unclosed: np.ndarray
     parent: np.ndarray
     names: list[str]
+    group: np.ndarray
+    threads: np.ndarray
+    n_subs: int = 1
     domains: list[str] = field(default_factory=lambda: [""])
     thread_names: dict[int, str] = field(default_factory=dict)
     process_names: dict[int, str] = field(default_factory=dict)
@@ -52,9 +56,8 @@ class RangeTable:
     slack_ns: int = 0
     device: object = None  # device.DeviceWork
     no_device: str = ""
-    group: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    threads: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    n_subs: int = 1
+    ends_elsewhere: tuple[np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     order: np.ndarray | None = None
     malformed: object = None  # readers.malformed.Skipped: the events the reader skipped
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
@@ -74,15 +77,51 @@ class RangeTable:
         return self.end - self.start
 
     @property
+    def thread_index(self) -> np.ndarray:
+        """Each row's thread as its index into `threads`."""
+        return self.group if self.n_subs == 1 else self.group // self.n_subs
+
+    def thread_of(self, rows) -> np.ndarray:
+        """The threads (globalTid) of these rows."""
+        return self.threads[self.group[rows] // self.n_subs]
+
+    @property
+    def thread(self) -> np.ndarray:
+        """Each row's thread (a column as long as the table: for small tables and tests)."""
+        return self.threads[self.thread_index]
+
+    @property
+    def end_thread(self) -> np.ndarray:
+        """The thread each row ends on (as `thread`, a whole column)."""
+        out = self.thread
+        rows, threads = self.ends_elsewhere
+        out[rows] = threads
+        return out
+
+    @property
     def process(self) -> np.ndarray:
         return (self.thread >> 24) & 0xFFFFFF
 
+    def rows_by_group(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, off): each nesting group's rows in nesting order (by start), group g's at
+        rows[off[g]:off[g + 1]] (a column as long as the table, made for each caller)."""
+        return by_group(walk_of(len(self), self.order), self.group,
+                        len(self.threads) * self.n_subs)
+
     def ids_of(self, *wanted: str) -> np.ndarray:
         """The name ids of these catalogue names (absent names are skipped)."""
-        if "index" not in self._cache:
-            self._cache["index"] = {n: i for i, n in enumerate(self.names)}
-        index = self._cache["index"]
-        return np.array([index[n] for n in wanted if n in index], dtype=np.int64)
+        # A dict of every name would cost a hash per name: polars finds them.
+        at = self.names_column().is_in(list(wanted)).arg_true().to_list()
+        found = {self.names[i]: i for i in at}  # names are distinct
+        return np.array([found[n] for n in wanted if n in found], dtype=np.int64)
+
+    def names_column(self):
+        """`names` as a polars column (made on first use)."""
+        import polars as pl
+
+        if "names" not in self._cache:
+            self._cache["names"] = pl.Series(self.names, dtype=pl.String)
+        return self._cache["names"]
 
     def rows_named(self, *wanted: str) -> np.ndarray:
         """Row indices of the ranges with one of these names, in file order."""
@@ -98,8 +137,7 @@ class RangeTable:
         keys = [("names",) + g for g in groups if ("names",) + g not in self._cache]
         sets = {key: self.ids_of(*key[1:]) for key in keys}
         sets.update((k, v) for k, v in (id_sets or {}).items() if k not in self._cache)
-        # Few slots: 8 bits, which numpy's stable sort orders by radix, in one pass.
-        slot_of = np.full(len(self.names), -1, np.int8 if len(sets) < 127 else np.int32)
+        slot_of = np.full(len(self.names), -1, np.int32)
         slots = []
         for key, ids in sets.items():
             if (slot_of[ids] >= 0).any():
@@ -108,23 +146,17 @@ class RangeTable:
             slots.append(key)
         if not slots:
             return
-        slot = slot_of[self.name_id]
-        rows = np.flatnonzero(slot >= 0)
-        order = np.argsort(slot[rows], kind="stable")
-        bounds = np.searchsorted(slot[rows][order], np.arange(len(slots) + 1))
-        rows = rows.astype(position_type(len(self)), copy=False)
+        rows, bounds = _rows_by_slot(self.name_id, slot_of, len(slots),
+                                     np.zeros(0, position_type(len(self))))
         for j, key in enumerate(slots):
-            self._cache[key] = rows[order[bounds[j]:bounds[j + 1]]]
+            self._cache[key] = rows[bounds[j]:bounds[j + 1]]
 
     def rows_with_ids(self, ids: np.ndarray) -> np.ndarray:
-        """Row indices whose name id is one of `ids` (a lookup per row, however many ids)."""
-        if len(ids) == 0:
-            return np.zeros(0, dtype=np.int64)
-        if len(ids) == 1:
-            return np.flatnonzero(self.name_id == ids[0])
-        wanted = np.zeros(len(self.names), dtype=bool)
-        wanted[ids] = True
-        return np.flatnonzero(wanted[self.name_id])
+        """Row indices whose name id is one of `ids` (a lookup per row, however many ids), in
+        32 bits where they fit."""
+        slot_of = np.full(len(self.names), -1, np.int32)
+        slot_of[ids] = 0
+        return _rows_by_slot(self.name_id, slot_of, 1, np.zeros(0, position_type(len(self))))[0]
 
     def name_of(self, row: int) -> str:
         return self.names[int(self.name_id[row])]
@@ -140,55 +172,100 @@ class RangeTable:
             "start": self.start, "end": self.end, "duration": self.duration,
             "kind": pl.Series(KIND_NAMES).gather(self.kind.astype(np.int64)),
             "process": self.process, "thread": self.thread,
-            "end_thread": self.end_thread, "domain": domains.gather(self.domain_id),
+            "end_thread": self.end_thread, "domain": domains.gather(np.ascontiguousarray(self.domain_id)),
             "unclosed": self.unclosed, "depth": self.depth, "parent": self.parent,
         })
 
 
-def canonical_names(raw: list[str], used: np.ndarray) -> tuple[dict[str, int], np.ndarray]:
-    """{canonical name: id} of the raw names in use, in their order, and the map raw id ->
-    canonical id (-1: not in use). One lookup per distinct name, none per row."""
-    index: dict[str, int] = {}
-    canonical = stages.canonical
-    mapping = np.full(len(raw), -1, np.int32)
+@njit(cache=True, nogil=True)
+def _rows_by_slot(name_id, slot_of, n_slots, like):
+    """The rows whose name has a slot (slot_of[name id] >= 0), grouped by slot, each slot's in
+    row order: rows[bounds[s]:bounds[s + 1]] (a counting sort; `like` gives the rows' type)."""
+    bounds = np.zeros(n_slots + 1, np.int64)
+    for i in range(len(name_id)):
+        s = slot_of[name_id[i]]
+        if s >= 0:
+            bounds[s + 1] += 1
+    for s in range(n_slots):
+        bounds[s + 1] += bounds[s]
+    at = bounds[:n_slots].copy()
+    rows = np.empty(bounds[n_slots], like.dtype)
+    for i in range(len(name_id)):
+        s = slot_of[name_id[i]]
+        if s >= 0:
+            rows[at[s]] = i
+            at[s] += 1
+    return rows, bounds
+
+
+def canonical_names(raw: list[str], used: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The canonical names of the raw names in use, in their order, and the map raw id ->
+    canonical id (-1: not in use). One lookup per distinct name, none per row; the names are
+    told apart by polars (a Python dict of a million names costs a hash and a slot each)."""
+    import polars as pl
+
     at = np.flatnonzero(used[:len(raw)])
-    # One list, then one array: a numpy item assignment per name costs more than the lookup.
-    mapping[at] = [index.setdefault(canonical(raw[i]), len(index)) for i in at.tolist()]
-    return index, mapping
+    names = list(map(raw.__getitem__, at.tolist()))
+    column = pl.Series(names, dtype=pl.String)
+    aliased = column.is_in(list(stages.ALIASES)).arg_true().to_list()
+    for j in aliased:
+        names[j] = stages.canonical(names[j])
+    if aliased:
+        column = pl.Series(names, dtype=pl.String)
+    mapping = np.full(len(raw), -1, np.int32)
+    if column.n_unique() == len(names):  # no name twice
+        mapping[at] = np.arange(len(names))
+        return names, mapping
+    distinct = column.unique(maintain_order=True)
+    mapping[at] = column.replace_strict(distinct, pl.int_range(len(distinct), eager=True),
+                                        return_dtype=pl.Int32).to_numpy()
+    return distinct.to_list(), mapping
 
 
 def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread=None,
           domain_id=None, domains=None, thread_names=None, process_names=None,
           source: str = "", clock: str = "", slack_ns: int = 0) -> RangeTable:
-    """A RangeTable from loader columns; `end` < `start` marks a missing end (NULL in nsys).
-    `slack_ns`: the format's time resolution (see nesting.nest)."""
+    """A RangeTable from loader columns; `end` < `start` marks a missing end (NULL in nsys);
+    `end_thread` None where every range ends on its own thread, `domain_id` None where every
+    range is in the default domain. `slack_ns`: the format's time resolution (see
+    nesting.nest)."""
     start = np.asarray(start, dtype=np.int64)
     end = np.asarray(end, dtype=np.int64)
     kind = np.asarray(kind, dtype=np.int8)
     thread = np.asarray(thread, dtype=np.int64)
     n = len(start)
-    # Columns are never written after build: where every range ends on its own thread, the two
-    # columns can be one array.
-    end_thread = thread if end_thread is None else np.asarray(end_thread, dtype=np.int64)
-    domain_id = np.zeros(n, np.int32) if domain_id is None else np.asarray(domain_id, np.int32)
+    elsewhere = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if end_thread is not None:
+        end_thread = np.asarray(end_thread, dtype=np.int64)
+        rows = np.flatnonzero(end_thread != thread)
+        elsewhere = (rows, end_thread[rows])
+    # One zero seen as a column: the default domain costs no memory.
+    domain_id = (np.broadcast_to(np.int32(0), (n,)) if domain_id is None
+                 else np.asarray(domain_id, np.int32))
     end, unclosed = _close(start, end, kind)
+    nesting = Beside(_nested, thread, domain_id, kind, start, end, slack_ns)
+    del thread
     name_id = np.asarray(name_id)
     used = np.bincount(name_id, minlength=len(raw_names)) > 0 if n else np.zeros(0, bool)
-    index, mapping = canonical_names(raw_names, used)
+    names, mapping = canonical_names(raw_names, used)
     name_id = mapping[name_id] if n else np.zeros(0, np.int32)
+    group, threads, n_subs, parent, crossing, order = nesting.result()
+    return RangeTable(
+        name_id=name_id, start=start, end=end, kind=kind, domain_id=domain_id,
+        unclosed=unclosed, parent=parent, names=names, group=group, threads=threads,
+        n_subs=n_subs, domains=list(domains or [""]), thread_names=dict(thread_names or {}),
+        process_names=dict(process_names or {}), source=source, clock=clock,
+        crossing=crossing, slack_ns=slack_ns, ends_elsewhere=elsewhere, order=order)
+
+
+def _nested(thread, domain_id, kind, start, end, slack_ns: int):
+    """The nesting groups and the nesting (on the second core while the names are read)."""
     group, threads, n_subs = nesting_groups(thread, domain_id, kind)
+    del thread
     parent, crossing, order = nest(group, start, end, len(threads) * n_subs, slack_ns)
     # NVTX lets start/end ranges overlap (concurrent media fetches on one thread): no crossing.
     crossing = crossing[kind[crossing] != START_END].astype(np.int64)
-    return RangeTable(
-        name_id=name_id,
-        start=start, end=end, kind=kind, thread=thread, end_thread=end_thread,
-        domain_id=domain_id, unclosed=unclosed, parent=parent, names=list(index),
-        domains=list(domains or [""]), thread_names=dict(thread_names or {}),
-        process_names=dict(process_names or {}), source=source, clock=clock,
-        crossing=crossing, slack_ns=slack_ns, group=group, threads=threads, n_subs=n_subs,
-        order=order,
-        _cache={"index": index})  # ids_of's lookup, which profiles with many names pay for
+    return group, threads, n_subs, parent, crossing, order
 
 
 def nesting_groups(thread: np.ndarray, domain_id: np.ndarray, kind: np.ndarray):
@@ -196,9 +273,9 @@ def nesting_groups(thread: np.ndarray, domain_id: np.ndarray, kind: np.ndarray):
     stacks: they overlap freely), the distinct threads, and the number of (domain, kind)
     pairs: group = thread index * n_subs + pair index."""
     t, threads = dense_codes(thread)
-    sub = (domain_id.astype(np.int64) << 1) | (kind == START_END)
-    if not sub.any():
+    if not (kind == START_END).any() and not domain_id.any():
         return t, threads, 1
+    sub = (domain_id.astype(np.int64) << 1) | (kind == START_END)
     s, subs = dense_codes(sub)
     group = t.astype(np.int64) * len(subs) + s
     return group.astype(position_type(len(threads) * len(subs))), threads, len(subs)
@@ -292,24 +369,58 @@ def packed_keys(g: np.ndarray, s: np.ndarray, e: np.ndarray, pad: int = 0):
     return high | inverse[:len(s)], high | inverse[len(s):]
 
 
-def asof(thread: np.ndarray, start: np.ndarray, right_thread: np.ndarray,
-         right_start: np.ndarray) -> np.ndarray:
-    """For each (thread, start), the position in the right side of the last range on that
-    thread starting at or before it (of equal starts, the last in the right side's order), -1
-    where none: an as-of join on thread and time, one binary search over packed keys."""
-    n = len(thread)
-    if n == 0 or len(right_thread) == 0:
-        return np.full(n, NO_PARENT, np.int64)
-    g = group_index(np.concatenate([thread, right_thread]))
-    times = np.concatenate([start, right_start])
-    keys = packed_keys(g, times, times)[0]
-    del times
-    order, right_keys = packed_order(g[n:], keys[n:])
-    pos = np.searchsorted(right_keys, keys[:n], side="right") - 1
-    del keys, right_keys
-    found = order[np.maximum(pos, 0)].astype(np.int64)
-    found[(pos < 0) | (g[n:][found] != g[:n])] = NO_PARENT
-    return found
+@njit(cache=True, nogil=True)
+def _asof(rows, right, group, n_subs, start, n_threads, out):
+    """out[i]: the position in `right` of the last range on the thread of rows[i] starting at
+    or before it (of equal starts, the last in `right`'s order), -1: none. Each thread's right
+    side is put in start order (sorted only where it is not); each search goes on from where
+    the thread's last ended while the rows move forward in time."""
+    right_start = start[right]
+    right_thread = np.empty(len(right), np.int64)
+    for j in range(len(right)):
+        right_thread[j] = group[right[j]] // n_subs
+    off = offsets(right_thread, n_threads)
+    at = off[:n_threads].copy()
+    pos = np.empty(len(right), np.int64)
+    for j in range(len(right)):
+        t = right_thread[j]
+        pos[at[t]] = j
+        at[t] += 1
+    for t in range(n_threads):
+        lo, hi = off[t], off[t + 1]
+        for k in range(lo + 1, hi):
+            if right_start[pos[k]] < right_start[pos[k - 1]]:
+                seg = pos[lo:hi].copy()
+                pos[lo:hi] = seg[np.argsort(right_start[seg], kind="mergesort")]
+                break
+    cur = off[:n_threads] - 1  # per thread: its last right range at or before its last search
+    last = np.full(n_threads, np.iinfo(np.int64).min, np.int64)
+    for i in range(len(rows)):
+        t, s = group[rows[i]] // n_subs, start[rows[i]]
+        lo, hi = off[t], off[t + 1]
+        if s < last[t]:  # back in time: search the thread's ranges from their start
+            a, b = lo, hi
+            while a < b:
+                m = (a + b) // 2
+                if right_start[pos[m]] <= s:
+                    a = m + 1
+                else:
+                    b = m
+            cur[t] = a - 1
+        else:
+            while cur[t] + 1 < hi and right_start[pos[cur[t] + 1]] <= s:
+                cur[t] += 1
+        last[t] = s
+        out[i] = pos[cur[t]] if cur[t] >= lo else NO_PARENT
+
+
+def asof(table: RangeTable, rows: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """For each of `rows`, the position in `right` (rows of the same table) of the last range
+    on its thread starting at or before it (of equal starts, the last in `right`'s order), -1
+    where none: an as-of join on thread and time."""
+    out = np.empty(len(rows), np.int64)
+    _asof(rows, right, table.group, table.n_subs, table.start, len(table.threads), out)
+    return out
 
 
 def packed_order(g: np.ndarray, ks: np.ndarray):

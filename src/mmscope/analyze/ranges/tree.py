@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from mmscope.analyze.ranges.nesting import walk_of
+from mmscope.analyze.ranges.nesting import nth, renumber, walk_of
 from mmscope.analyze.ranges.table import RangeTable
 
 
@@ -34,11 +34,11 @@ class Nodes:
 
 
 @njit(cache=True, nogil=True)
-def _node_pass(walk, parent, stage, thread_code, role_of_thread, n_stages, n_roles, of_row,
-               node_parent, node_stage, node_role):
-    """Rows in `walk` (parents before children): a root's node is (role, stage), another's
-    (its parent's node, stage); the nodes' parent, stage and role in creation order. Returns
-    how many nodes, or -1 where they outgrow the arrays (the caller gives more room)."""
+def _node_pass(walk, parent, name_id, stage_of_name, group, n_subs, role_of_thread, n_stages,
+               n_roles, of_row, node_parent, node_stage, node_role):
+    """Rows in `walk` (parents before children): a root's node is (its thread's role, stage),
+    another's (its parent's node, stage); the nodes' parent, stage and role in creation order.
+    Returns how many nodes, or -1 where they outgrow the arrays (the caller gives more room)."""
     room = len(node_parent)
     slots = 4 * room  # a power of two: at most a quarter full
     mask = slots - 1
@@ -46,17 +46,18 @@ def _node_pass(walk, parent, stage, thread_code, role_of_thread, n_stages, n_rol
     ids = np.full(slots, -1, np.int64)
     made = 0
     roots = n_roles * n_stages
-    for k in range(len(walk)):
-        i = walk[k]
+    for k in range(len(parent)):
+        i = nth(walk, k)
         p = parent[i]
+        stage = stage_of_name[name_id[i]]
         if p < 0:
-            role = role_of_thread[thread_code[i]]
-            key = role * n_stages + stage[i]
+            role = role_of_thread[group[i] // n_subs]
+            key = role * n_stages + stage
             up = -1
         else:
             up = of_row[p]
             role = node_role[up]
-            key = roots + up * n_stages + stage[i]
+            key = roots + up * n_stages + stage
         h = ((key * -7046029254386353131) >> 20) & mask
         while ids[h] >= 0 and keys[h] != key:
             h = (h + 1) & mask
@@ -66,26 +67,25 @@ def _node_pass(walk, parent, stage, thread_code, role_of_thread, n_stages, n_rol
             keys[h] = key
             ids[h] = made
             node_parent[made] = up
-            node_stage[made] = stage[i]
+            node_stage[made] = stage
             node_role[made] = role
             made += 1
         of_row[i] = ids[h]
     return made
 
 
-def build(table: RangeTable, stage_of_row: np.ndarray, thread_code: np.ndarray,
-          role_of_thread: np.ndarray, n_stages: int, n_roles: int) -> Nodes:
-    """Nodes of every row: `stage_of_row` per row, `thread_code` per row (into
-    `role_of_thread`, each thread's role)."""
+def build(table: RangeTable, stage_of_name: np.ndarray, role_of_thread: np.ndarray,
+          n_stages: int, n_roles: int) -> Nodes:
+    """Nodes of every row: `stage_of_name` per name id, `role_of_thread` per thread index."""
     n = len(table)
     of_row = np.empty(n, np.int32)
     walk = walk_of(n, table.order)
     room = 1 << 12
     while True:
         parent, stage, role = (np.empty(room, np.int64) for _ in range(3))
-        made = _node_pass(walk, table.parent, stage_of_row, thread_code,
-                          role_of_thread.astype(np.int64), n_stages, n_roles, of_row, parent,
-                          stage, role)
+        made = _node_pass(walk, table.parent, table.name_id, stage_of_name, table.group,
+                          table.n_subs, role_of_thread.astype(np.int64), n_stages, n_roles,
+                          of_row, parent, stage, role)
         if made >= 0:
             break
         room *= 16
@@ -93,7 +93,7 @@ def build(table: RangeTable, stage_of_row: np.ndarray, thread_code: np.ndarray,
     new, depth = _level_order(parent, stage, role, n_stages)
     parent = np.where(parent >= 0, new[np.maximum(parent, 0)], -1)
     order = np.argsort(new)
-    of_row = new.astype(np.int32)[of_row]
+    renumber(of_row, new.astype(np.int32))
     return Nodes(of_row=of_row, parent=parent[order], role=role[order], stage=stage[order],
                  depth=depth[order], excess=_excess(table, of_row, len(new)))
 

@@ -194,7 +194,7 @@ class _Builder:
                           end=c["end"], kind=c["kind"], thread=c["thread"],
                           thread_names=self.thread_names, process_names=self.process_names,
                           source="chrome-json", clock=clock, slack_ns=self.slack_ns)
-        table.device, table.no_device = self.gpu.work(self.any_kineto)
+        table.device, table.no_device = self.gpu.work(self.any_kineto, table)
         table.malformed = self.skipped
         return table
 
@@ -402,8 +402,9 @@ class _GpuWork:
                 for k, v in zip(self.span_rows, (row, first, last)):
                     self.span_rows[k].append(v)
 
-    def work(self, kineto: bool):
-        """The DeviceWork, or None and why the trace has no device side."""
+    def work(self, kineto: bool, table):
+        """The DeviceWork on the ranges of `table`, or None and why the trace has no device
+        side."""
         if not kineto:
             return None, "a trace of host-side ranges (mmscope's chrome backend): no device side"
         if not self.seen_gpu:
@@ -412,5 +413,5 @@ class _GpuWork:
         # The span a trace states for a range (its gpu_user_annotation), where it states them.
         spans = (tuple(np.asarray(self.span_rows[k], np.int64) for k in ("rows", "first", "last"))
                  if self.span_rows["rows"] else None)
-        return device.from_columns(self.cols, list(self.names), list(self.streams),
+        return device.from_columns(table, self.cols, list(self.names), list(self.streams),
                                    "torch profiler (Kineto)", spans), ""

@@ -3,7 +3,8 @@ to the CUDA runtime or driver call that launched it, as nsys' `nvtx_gpu_proj_tra
 
 Their integer columns are read in rowid ranges on both cores; the join is on correlationId within
 a process (a kernel's globalPid is its call's globalTid without the thread bits), in one compiled
-pass; what lies on which range is decided on the range table (ranges/device.py).
+pass; each call's innermost open ranges are found on the range table (device.launch_owners),
+and its ops take them.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from numba import njit
 
 from mmscope.analyze.ranges import device
+from mmscope.analyze.ranges.nesting import dense_codes
 from mmscope.analyze.readers import sqlite_source
 
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -36,35 +38,40 @@ NO_CUDA = ("no CUDA trace in the export (nsys profile -t cuda,nvtx records the C
 RECORDED = "a recording of mmscope record: NVTX ranges on the host, no device side"
 
 
-def read(con, path: str, tables: set[str], strings: dict[int, str], parts: int):
-    """The DeviceWork of the export, or None and why it has none."""
+def read(con, path: str, tables: set[str], strings, parts: int, table):
+    """The DeviceWork of the export on the ranges of `table`, or None and why it has none;
+    `strings`: its StringIds (nsys.Strings)."""
     kinds = [t for t in OPS if t in tables]
     if RUNTIME not in tables or not kinds:
         return None, NO_CUDA
     calls = _columns(con, path, [RUNTIME], CALL, parts,
                      {"thread": (np.int64, 0), "start": (np.int64, 0), "c": (np.int64, -1)})
+    keys = _CallKeys(calls)
+    # Each call's owners: its ops take them (a call launches ops on its thread as it starts).
+    owners = device.launch_owners(table, calls.pop("thread"), calls.pop("start"))
     ops = _columns(con, path, kinds, OP, parts,
                    {"start": (np.int64, 0), "end": (np.int64, 0), "c": (np.int64, -1),
                     "pid": (np.int64, 0), "name": (np.int32, MEMSET), "device": (np.int32, 0),
                     "stream": (np.int32, 0)})
-    launcher = _launchers(calls, ops)
-    del ops["pid"]
+    launcher = keys.calls_of(ops)
+    del keys
     keep = launcher >= 0
     if not keep.any():
         return None, RECORDED if _recorded(con, tables) else NO_CUDA
     if not keep.all():
         launcher = launcher[keep]
         ops = {k: v[keep] for k, v in ops.items()}
-    name_codes, name = np.unique(ops.pop("name"), return_inverse=True)
-    stream_codes, stream = np.unique((ops.pop("device").astype(np.int64) << 32)
-                                     | ops.pop("stream"), return_inverse=True)
-    cols = {"thread": calls["thread"][launcher], "call_start": calls["start"][launcher],
-            "start": ops.pop("start"), "end": ops.pop("end"), "name": name.astype(np.int32),
-            "stream": stream.astype(np.int32)}
-    del calls, launcher
+    del keep
+    owners = owners[:, launcher]
+    del launcher
+    name, name_codes = dense_codes(ops.pop("name"))
+    stream, stream_codes = dense_codes((ops.pop("device").astype(np.int64) << 32)
+                                       | ops.pop("stream"))
     names = [_op_name(int(c), strings) for c in name_codes.tolist()]
     streams = [f"GPU {c >> 32} stream {c & 0xFFFFFFFF}" for c in stream_codes.tolist()]
-    return device.from_columns(cols, names, streams, "nsys CUPTI"), ""
+    return device.DeviceWork(owners=owners, start=ops.pop("start"), end=ops.pop("end"),
+                             name=name, stream=stream, names=names, streams=streams,
+                             source="nsys CUPTI"), ""
 
 
 def _columns(con, path: str, tables: list[str], query: str, parts: int, spec: dict) -> dict:
@@ -102,37 +109,78 @@ def _join(call_key, order, op_key, out):
 
 
 @njit(cache=True, nogil=True)
-def _keys(pid, correlation, processes, out):
-    """out[j]: (process index << 40) | correlationId, where `processes` (ascending) holds the
-    process of pid[j]; -1 where it does not, or the correlation is NULL (-1)."""
+def _known(pid, mask, processes):
+    """Whether every pid[j] & mask is one of `processes` (ascending)."""
     for j in range(len(pid)):
-        p = np.searchsorted(processes, pid[j])
-        if p < len(processes) and processes[p] == pid[j] and correlation[j] >= 0:
+        p = np.searchsorted(processes, pid[j] & mask)
+        if p >= len(processes) or processes[p] != pid[j] & mask:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _keys(pid, mask, correlation, processes, out):
+    """out[j]: (process index << 40) | correlationId, where `processes` (ascending) holds the
+    process of pid[j] & mask; -1 where it does not, or the correlation is NULL (-1). `out` may
+    be `correlation` itself."""
+    for j in range(len(pid)):
+        p = np.searchsorted(processes, pid[j] & mask)
+        if p < len(processes) and processes[p] == pid[j] & mask and correlation[j] >= 0:
             out[j] = (p << 40) | (correlation[j] & ((1 << 40) - 1))
         else:
             out[j] = -1
 
 
-def _launchers(calls: dict, ops: dict) -> np.ndarray:
-    """Per op, the row of the runtime call with its correlationId in its process (-1: none).
-    Consumes the correlation columns (their memory holds the keys)."""
-    call_pid = calls["thread"] & ~THREAD_BITS
-    processes = np.unique(call_pid[::max(len(call_pid) // 4096, 1)])
-    if len(processes) and not np.isin(call_pid, processes).all():  # a sample missed some
-        processes = np.unique(call_pid)
-    call_key, op_key = calls.pop("c"), ops.pop("c")
-    _keys(call_pid, call_key, processes, call_key)
-    del call_pid
-    _keys(ops["pid"], op_key, processes, op_key)
-    op_key[op_key < 0] = -2  # never a call's key
-    # Each process' calls come in correlationId order: sorting by process (the keys' high
-    # bits) mostly sorts the keys; the full sort only where it did not.
-    order = np.argsort(call_key >> 40, kind="stable")
-    if len(order) > 1 and (np.diff(call_key[order]) < 0).any():
-        order = np.argsort(call_key, kind="stable")
-    out = np.empty(len(op_key), np.int64)
-    _join(call_key, order, op_key, out)
-    return out
+@njit(cache=True, nogil=True)
+def _key_order(key, n_processes):
+    """The calls sorted by key (stably): counted into their processes (key >> 40; the keys -1
+    first), which mostly sorts them (a process' calls come in correlationId order), and sorted
+    within a process only where they are not."""
+    off = np.zeros(n_processes + 2, np.int64)
+    for j in range(len(key)):
+        off[(key[j] >> 40) + 2] += 1
+    for p in range(n_processes + 1):
+        off[p + 1] += off[p]
+    at = off[:n_processes + 1].copy()
+    order = np.empty(len(key), np.int64)
+    for j in range(len(key)):
+        b = (key[j] >> 40) + 1
+        order[at[b]] = j
+        at[b] += 1
+    for p in range(n_processes + 1):
+        lo, hi = off[p], off[p + 1]
+        for k in range(lo + 1, hi):
+            if key[order[k]] < key[order[k - 1]]:
+                seg = order[lo:hi].copy()
+                order[lo:hi] = seg[np.argsort(key[seg], kind="mergesort")]
+                break
+    return order
+
+
+class _CallKeys:
+    """The runtime calls keyed by (process, correlationId), sorted by key, so that each op
+    finds the call that launched it. Consumes the calls' correlation column (its memory holds
+    the keys)."""
+
+    def __init__(self, calls: dict):
+        thread = calls["thread"]
+        step = max(len(thread) // 4096, 1)
+        self.processes = np.unique(thread[::step] & ~THREAD_BITS)
+        if not _known(thread, ~THREAD_BITS, self.processes):  # a sample missed some
+            self.processes = np.unique(thread & ~THREAD_BITS)
+        self.key = calls.pop("c")
+        _keys(thread, ~THREAD_BITS, self.key, self.processes, self.key)
+        self.order = _key_order(self.key, len(self.processes))
+
+    def calls_of(self, ops: dict) -> np.ndarray:
+        """Per op, the row of the call with its correlationId in its process (-1: none).
+        Consumes the ops' correlation and process columns (the process column's memory holds
+        the answer)."""
+        op_key, out = ops.pop("c"), ops.pop("pid")
+        _keys(out, -1, op_key, self.processes, op_key)
+        op_key[op_key < 0] = -2  # never a call's key
+        _join(self.key, self.order, op_key, out)
+        return out
 
 
 def _recorded(con, tables: set[str]) -> bool:
@@ -144,7 +192,7 @@ def _recorded(con, tables: set[str]) -> bool:
     return bool(rows) and str(rows[0][0]).startswith("mmscope record")
 
 
-def _op_name(code: int, strings: dict[int, str]) -> str:
+def _op_name(code: int, strings) -> str:
     if code == MEMSET:
         return "[CUDA memset]"
     if code < 0:

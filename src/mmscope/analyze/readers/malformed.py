@@ -27,14 +27,14 @@ class Skipped:
         return {"skipped": self.count, "events": self.events, "first": self.first or None}
 
 
-def nsys_said(bad, start, end, thread, names: list[str], name_code, events: int) -> Skipped:
-    """The NVTX rows that are ranges or marks with no start, or an end before their start
-    (numpy columns; `bad` marks them)."""
+def nsys_said(count: int, row: int, start, end, thread, names: list[str], name_code,
+              events: int) -> Skipped:
+    """The NVTX rows that are ranges or marks with no start, or an end before their start:
+    how many, and the first (`row`) as a person finds it (numpy columns)."""
     import numpy as np
 
-    said = Skipped(count=int(np.count_nonzero(bad)), events=events)
+    said = Skipped(count=count, events=events)
     if said.count:
-        row = int(np.flatnonzero(bad)[0])
         t = int(thread[row])
         what = ("no start" if start[row] == np.iinfo(np.int64).min else
                 f"ends at {int(end[row])} ns, before its start {int(start[row])} ns")

@@ -9,6 +9,7 @@ ends before it starts (or has no start) is skipped and said (profile.malformed).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from mmscope.analyze.ranges import table as tbl
 from mmscope.analyze.readers import cupti, malformed, sqlite_source
@@ -72,14 +73,13 @@ def _read(path: str, label: str, parts: int) -> tbl.RangeTable:
         types = _event_types(con, tables)
         ranges = sqlite_source.rowid_ranges(con, _q(name), parts)
     raw = _read_events(path, name, cols, ranges)
-    kinds = _kinds(types)
-    kind = kinds[np.clip(raw.pop("type"), -1, len(kinds) - 1)]
-    names, name_code = _names(path, name, cols, ranges, raw.pop("text_id"), strings)
+    kind, name_code, found = _classified(raw, _kinds(types), strings)
+    names = _names(path, name, cols, ranges, name_code, found, strings)
     end_thread = _end_threads(path, name, cols, ranges, raw["thread"], kind, types)
-    table = _to_table(raw, kind, names, name_code, end_thread, thread_names, process_names,
-                      clock, label)
+    table = _to_table(raw, kind, names, name_code, found, end_thread, thread_names,
+                      process_names, clock, label)
     with sqlite_source.connect(path) as con:
-        table.device, table.no_device = cupti.read(con, path, tables, strings, parts)
+        table.device, table.no_device = cupti.read(con, path, tables, strings, parts, table)
     return table
 
 
@@ -110,33 +110,81 @@ def _kinds(types: dict[int, str]) -> np.ndarray:
     return kinds
 
 
-def _names(path: str, name: str, cols: set[str], ranges, text_id: np.ndarray,
-           strings: dict[int, str]) -> tuple[list[str], np.ndarray]:
-    """Name per row: the registered string (textId -> StringIds) if any, else its text, read
-    only for the rows without a textId, and coded once per distinct text."""
-    registered = _Registered(strings)
+@njit(cache=True, nogil=True)
+def _classify(event_type, text_id, start, end, kinds, slot, ids, kind, pos, found):
+    """Per row its kind (kinds[event type], the last entry for types out of range) and the
+    position of its registered name (slot[textId] where the ids are dense, else a search of
+    `ids`; -1: none); found = (metadata rows, malformed ranges, the first malformed row, rows
+    without a registered name, of those the ones with a textId)."""
+    last, dense, top = len(kinds) - 1, len(slot) > 0, len(ids) - 1
+    meta, bad, first_bad, unnamed, with_id = 0, 0, -1, 0, 0
+    for i in range(len(event_type)):
+        t = event_type[i]
+        k = kinds[t] if 0 <= t <= last else kinds[last]
+        kind[i] = k
+        if k < 0:
+            meta += 1
+        elif start[i] == NULL_TIME or (end[i] != NULL_TIME and end[i] < start[i]):
+            if bad == 0:
+                first_bad = i
+            bad += 1
+        tid = text_id[i]
+        p = -1
+        if dense:
+            if 0 <= tid < len(slot):
+                p = slot[tid]
+        elif top >= 0:
+            at = min(np.searchsorted(ids, tid), top)
+            if ids[at] == tid:
+                p = at
+        pos[i] = p
+        if p < 0:
+            unnamed += 1
+            if tid >= 0:
+                with_id += 1
+    found[0], found[1], found[2], found[3], found[4] = meta, bad, first_bad, unnamed, with_id
+
+
+class Found:
+    """What the classifying pass counted: metadata rows, malformed ranges (and the first), rows
+    without a registered name (and how many of those have a textId)."""
+
+    def __init__(self, counts: np.ndarray):
+        self.meta, self.bad, self.first_bad, self.unnamed, self.with_id = counts.tolist()
+
+
+def _classified(raw: dict, kinds: np.ndarray, registered: Strings):
+    """Each row's kind and registered name's position (-1: none), in one pass; consumes the
+    event type and textId columns."""
     ids = registered.ids
-    pos = np.full(len(text_id), -1, np.int32)
-    if len(ids):
-        if 0 <= ids[0] and ids[-1] < 4 * len(ids) + (1 << 16):  # nsys numbers strings densely
-            slot = np.full(int(ids[-1]) + 2, -1, np.int32)  # the last slot: ids out of range
-            slot[ids] = np.arange(len(ids))
-            np.clip(text_id, -1, len(slot) - 1, out=text_id)
-            pos = slot[text_id]
-        else:
-            at = np.minimum(np.searchsorted(ids, text_id), len(ids) - 1)
-            pos = np.where(ids[at] == text_id, at, -1).astype(np.int32)
-    unnamed = np.flatnonzero(pos < 0)
+    slot = np.zeros(0, np.int32)
+    if len(ids) and 0 <= ids[0] and ids[-1] < 4 * len(ids) + (1 << 16):  # nsys numbers densely
+        slot = np.full(int(ids[-1]) + 1, -1, np.int32)
+        slot[ids] = np.arange(len(ids))
+    n = len(raw["start"])
+    kind, pos, found = np.empty(n, np.int8), np.empty(n, np.int32), np.zeros(5, np.int64)
+    _classify(raw.pop("type"), raw.pop("text_id"), raw["start"], raw["end"], kinds, slot, ids,
+              kind, pos, found)
+    return kind, pos, Found(found)
+
+
+def _names(path: str, name: str, cols: set[str], ranges, pos: np.ndarray, found: Found,
+           registered: Strings) -> list[str]:
+    """The names `pos` indexes: the registered strings, then the texts of the rows without one,
+    read only for those rows, coded once per distinct text (`pos` filled in for them)."""
     texts = [""]
-    if len(unnamed) and "text" in cols:
-        where = ("" if "textId" not in cols else "textId IS NULL AND "
-                 if (text_id[unnamed] < 0).all() else
-                 "(textId IS NULL OR textId NOT IN (SELECT id FROM StringIds)) AND ")
-        codes, texts = _text_codes(path, name, ranges, len(unnamed), where)
-        pos[unnamed] = len(ids) + codes
-    else:
-        pos[unnamed] = len(ids)  # no text: the name ""
-    return registered.names + texts, pos
+    if found.unnamed:
+        unnamed = np.flatnonzero(pos < 0)
+        n_ids = len(registered.ids)
+        if "text" in cols:
+            where = ("" if "textId" not in cols else "textId IS NULL AND "
+                     if found.with_id == 0 else
+                     "(textId IS NULL OR textId NOT IN (SELECT id FROM StringIds)) AND ")
+            codes, texts = _text_codes(path, name, ranges, len(unnamed), where)
+            pos[unnamed] = n_ids + codes
+        else:
+            pos[unnamed] = n_ids  # no text: the name ""
+    return registered.names + texts
 
 
 def _text_codes(path: str, name: str, ranges, expected: int, where: str):
@@ -161,11 +209,11 @@ def _text_codes(path: str, name: str, ranges, expected: int, where: str):
 
 def _end_threads(path: str, name: str, cols: set[str], ranges, thread: np.ndarray,
                  kind: np.ndarray, types: dict[int, str]) -> np.ndarray:
-    """The thread each row ends on: its own (the same array) but for start/end ranges that
-    another thread ended, read for the start/end rows only."""
+    """The thread each row ends on, read for the start/end rows only; None where each ends on
+    its own."""
     start_end = np.flatnonzero(kind == tbl.START_END)
     if len(start_end) == 0 or "endGlobalTid" not in cols:
-        return thread
+        return None
     ids = ", ".join(str(i) for i, n in types.items() if KIND_OF_TYPE.get(n) == tbl.START_END)
     (values,) = sqlite_source.int_columns(
         path, [(f"SELECT coalesce(endGlobalTid, globalTid, 0) AS t FROM {_q(name)} "
@@ -175,18 +223,22 @@ def _end_threads(path: str, name: str, cols: set[str], ranges, thread: np.ndarra
         raise UserError(f"NVTX_EVENTS changed while it was read ({len(start_end)} start/end "
                         f"ranges, then {len(values)})")
     if (values == thread[start_end]).all():
-        return thread
+        return None
     end_thread = thread.copy()
     end_thread[start_end] = values
     return end_thread
 
 
-class _Registered:
-    """StringIds in id order (the texts of old-schema rows follow their names)."""
+class Strings:
+    """StringIds in id order: `ids` ascending and their `names` (the texts of old-schema rows
+    follow them in the table's name list)."""
 
-    def __init__(self, strings: dict[int, str]):
-        self.ids = np.array(sorted(strings), dtype=np.int64)
-        self.names = [strings[i] for i in self.ids.tolist()]
+    def __init__(self, ids: np.ndarray, names: list[str]):
+        self.ids, self.names = ids, names
+
+    def get(self, string_id: int, default: str | None = None) -> str | None:
+        at = int(np.searchsorted(self.ids, string_id))
+        return self.names[at] if at < len(self.ids) and self.ids[at] == string_id else default
 
 
 def _nvtx_table(tables: set[str], path: str) -> str:
@@ -216,22 +268,27 @@ def _event_types(con, tables: set[str]) -> dict[int, str]:
     return types
 
 
-def _string_ids(con, tables: set[str]) -> dict[int, str]:
+def _string_ids(con, tables: set[str]) -> Strings:
+    """StringIds (of an id given twice, the later row's); a text that is no UTF-8 raises
+    polars' ComputeError."""
     import polars as pl
 
     if "StringIds" not in tables:
-        return {}
+        return Strings(np.zeros(0, np.int64), [])
     got = sqlite_source.frame(con, "SELECT id, coalesce(value, '') AS value FROM StringIds "
                                    "WHERE id IS NOT NULL")
-    values = got["value"].cast(pl.Binary).to_list()
-    return dict(zip(got["id"].to_list(), (v.decode("utf-8") for v in values)))
+    got = got.unique("id", keep="last", maintain_order=True).sort("id")
+    # Validated as UTF-8 in one call, then handed over as str objects.
+    names = got["value"].cast(pl.Binary).cast(pl.String, strict=True).to_list()
+    return Strings(got["id"].cast(pl.Int64).to_numpy(), names)
 
 
-def _thread_names_table(con, tables: set[str], strings: dict[int, str]) -> dict[int, str]:
+def _thread_names_table(con, tables: set[str], strings: Strings) -> dict[int, str]:
     if "ThreadNames" not in tables:
         return {}
     rows = _rows(con, "SELECT globalTid, nameId FROM ThreadNames ORDER BY priority")
-    return {int(t): strings[n] for t, n in rows if t is not None and n in strings}
+    found = ((t, strings.get(n)) for t, n in rows if t is not None and n is not None)
+    return {int(t): name for t, name in found if name is not None}
 
 
 def _process_names(con, tables: set[str]) -> dict[int, str]:
@@ -252,31 +309,28 @@ def _session_clock(con, tables: set[str]) -> str:
 
 
 def _to_table(raw: dict, kind: np.ndarray, names: list[str], name_code: np.ndarray,
-              end_thread: np.ndarray, thread_names: dict[int, str],
+              found: Found, end_thread: np.ndarray | None, thread_names: dict[int, str],
               process_names: dict[int, str], clock: str, label: str) -> tbl.RangeTable:
     """Metadata rows and malformed ranges leave; domains resolved. Consumes `raw`."""
-    meta_rows = np.flatnonzero(kind < 0)
     domain_names: dict[tuple[int, int], str] = {}
-    if len(meta_rows):
-        found = (raw, kind, meta_rows, names, name_code)
-        thread_names = {**_thread_name_events(*found), **thread_names}
-        domain_names = _domain_names(*found)
-        del found
+    if found.meta:
+        meta_rows = np.flatnonzero(kind < 0)
+        at = (raw, kind, meta_rows, names, name_code)
+        thread_names = {**_thread_name_events(*at), **thread_names}
+        domain_names = _domain_names(*at)
+        del at
     start, end = raw["start"], raw["end"]
-    bad = (kind >= 0) & ((start == NULL_TIME) | ((end != NULL_TIME) & (end < start)))
-    said = malformed.nsys_said(bad, start, end, raw["thread"], names, name_code,
-                                int(np.count_nonzero(kind >= 0)))
-    keep = kind >= 0
-    keep &= ~bad
+    said = malformed.nsys_said(found.bad, found.first_bad, start, end, raw["thread"], names,
+                               name_code, len(kind) - found.meta)
     cols = {"start": start, "end": end, "thread": raw.pop("thread"), "name": name_code,
             "end_thread": end_thread, "domain": raw.pop("domain"), "kind": kind}
     del start, end, raw, name_code
-    if not keep.all():  # metadata rows (domains, thread names, categories) leave the table
+    if found.meta or found.bad:  # metadata rows (domains, thread names, categories) leave
+        keep = cols["kind"] >= 0
+        if found.bad:
+            keep &= ~_malformed(cols["kind"], cols["start"], cols["end"])
         rows = np.flatnonzero(keep)
-        shared = cols["end_thread"] is cols["thread"]
-        cols = {k: v[rows] for k, v in cols.items() if not (shared and k == "end_thread")}
-        if shared:
-            cols["end_thread"] = cols["thread"]
+        cols = {k: None if v is None else v[rows] for k, v in cols.items()}
     domain_id, domains = _domain_ids(cols["thread"], cols.pop("domain"), domain_names)
     table = tbl.build(raw_names=names, name_id=cols.pop("name"), start=cols.pop("start"),
                       end=cols.pop("end"), kind=cols.pop("kind"), thread=cols.pop("thread"),
@@ -285,6 +339,11 @@ def _to_table(raw: dict, kind: np.ndarray, names: list[str], name_code: np.ndarr
                       source="nsys-sqlite", clock=clock)
     table.malformed = said
     return table
+
+
+def _malformed(kind: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The ranges with no start or an end before their start (as _classify counts them)."""
+    return (kind >= 0) & ((start == NULL_TIME) | ((end != NULL_TIME) & (end < start)))
 
 
 def _thread_name_events(raw, kind, meta_rows, names, name_code) -> dict[int, str]:
@@ -304,10 +363,11 @@ def _domain_names(raw, kind, meta_rows, names, name_code) -> dict[tuple[int, int
 
 
 def _domain_ids(thread: np.ndarray, domain: np.ndarray, names: dict[tuple[int, int], str]):
-    """Domain name index per row: "" for domain 0, the created name, or "domain N" if unnamed."""
-    domain_id = np.zeros(len(thread), np.int32)
+    """Domain name index per row: "" for domain 0, the created name, or "domain N" if unnamed;
+    None where every row is in domain 0."""
     if not domain.any():
-        return domain_id, [""]
+        return None, [""]
+    domain_id = np.zeros(len(thread), np.int32)
     index = {"": 0}
     pid = thread & PID_BITS
     for d in np.unique(domain[domain != 0]).tolist():

@@ -41,20 +41,41 @@ class Analysis:
 
 def analyze(path: str, table, name_filter: str | None = None,
             raw_names: bool = False) -> Analysis:
-    from mmscope.analyze.ranges import benefit, checks, frame, per_step, stats, steps
+    """Every figure of the profile. On the second core: the step join, steps, checks and cache
+    benefit (which read the table only), then the device projection; meanwhile here the stage
+    tree and its host figures, to which the device time is added."""
+    from mmscope.analyze.ranges import frame, per_step, stats
+    from mmscope.analyze.ranges.beside import Beside
 
-    built = frame.build(table, raw_names)
-    by_node, by_stage = stats.aggregate(built)
-    pairs = steps.step_join(built)
-    step_table = steps.steps_of(built, pairs)
+    built = frame.begin(table)
+    beside = Beside(_beside_tree, built)
+    frame.complete(built, raw_names)
+    measured = stats.measure(built)
+    step_table, steps_doc, checks_doc, benefit_doc, projected = beside.result()
+    if projected is not None:
+        frame.project(built, projected)
+    by_node, by_stage = measured.said(built.device)
     return Analysis(
         path=path, profile=profile_info(path, built),
         tree=stats.tree(built, by_node, name_filter),
         stages=stats.flat(built, by_node, by_stage, name_filter),
-        checks=checks.run_all(built, pairs) + _malformed_check(table),
-        steps=steps.summary(built, pairs),
-        cache_benefit=benefit.cache_benefit(built, step_table),
-        per_step=per_step.per_step(built, step_table))
+        checks=checks_doc + _malformed_check(table), steps=steps_doc,
+        cache_benefit=benefit_doc, per_step=per_step.per_step(built, step_table))
+
+
+def _beside_tree(built):
+    """What reads the table only: the step join and what reads it (the step table, the steps'
+    summary, the checks, the cache benefit), then the device projection (None: no device
+    side)."""
+    from mmscope.analyze.ranges import benefit, checks, device, steps
+
+    pairs = steps.step_join(built)
+    step_table = steps.steps_of(built, pairs)
+    figures = (step_table, steps.summary(built, pairs), checks.run_all(built, pairs),
+               benefit.cache_benefit(built, step_table))
+    del pairs
+    table = built.table
+    return figures + (None if table.device is None else device.per_range(table),)
 
 
 def _malformed_check(table) -> list[dict]:
@@ -76,8 +97,7 @@ def profile_info(path: str, built) -> dict:
     return {"path": path, "format": table.source, "clock": table.clock, "ranges": n,
             "marks": int((table.kind == MARK).sum()),
             "unclosed": int(table.unclosed.sum()),
-            "cross_thread": (0 if table.end_thread is table.thread  # one array: none crosses
-                             else int((table.end_thread != table.thread).sum())),
+            "cross_thread": len(table.ends_elsewhere[0]),
             "threads": sum(len(p["threads"]) for p in built.processes),
             "processes": built.processes, "roles": built.roles,
             "span_ns": int(table.end.max() - table.start.min()) if n else 0,
