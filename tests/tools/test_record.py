@@ -233,6 +233,28 @@ def test_records_survive_sigkill(tmp_path):
     assert one(rs, "waiting")["end"] is None
 
 
+def test_rows_are_the_same_whatever_the_window(tmp_path):
+    """The writer builds and inserts NVTX_EVENTS a window of rows at a time: windows of a few rows,
+    cutting across processes, threads, start/end ranges and payloads, give the same file's rows as
+    one window."""
+    from mmscope.record.writer import Session, write_export
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    env = dict(os.environ, NVTX_INJECTION64_PATH=native_library("_nvtx_inject"), MMSCOPE_RECORD_DIR=str(spool))
+    subprocess.run([PY, str(DATA / "nvtx_program.py"), str(tmp_path / "facts.json")], env=env, check=True,
+                   timeout=90)
+    session = Session(utc_epoch_ns=1_700_000_000_000_000_000)
+    tables = {}
+    for window in (1 << 20, 3):
+        db = tmp_path / f"w{window}.sqlite"
+        summary = write_export(str(spool), str(db), session, window=window)
+        names = [n for (n,) in query(db, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        tables[window] = {n: query(db, f"SELECT * FROM {n} ORDER BY rowid") for n in names}
+    assert summary.processes == 3 and len(tables[3]["NVTX_EVENTS"]) == summary.events > 3 * 3
+    assert tables[3] == tables[1 << 20]
+
+
 def test_ring_wraps_across_threads_and_late_pops(tmp_path):
     """A tiny ring forces the copier, self-copies and pops of ranges whose record was already
     copied (the outer range stays open across every segment)."""

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import ctypes
 import datetime as _dt
+import itertools
 import os
 import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import adbc_driver_sqlite.dbapi as adbc
@@ -145,62 +148,12 @@ class StringPool:
 
 # ---- rows ------------------------------------------------------------------------------------------
 
-class Columns:
-    """NVTX_EVENTS as column arrays plus NULL masks, built per process and concatenated."""
+INT32_COLUMNS = {"eventType", "category", "domainId", "textId"}
+WINDOW = 1 << 20  # rows a frame: SQLite inserts one window while the next is built
 
-    INT32 = {"eventType", "category", "domainId", "textId"}
 
-    def __init__(self):
-        self.parts: list[dict[str, tuple[np.ndarray, np.ndarray | None]]] = []
-
-    def add(self, n: int, **cols) -> None:
-        part = {}
-        for name, value in cols.items():
-            if value is None:
-                continue  # NULL throughout this part
-            if isinstance(value, tuple):
-                part[name] = value
-            elif np.isscalar(value):
-                part[name] = (np.full(n, value), None)
-            else:
-                part[name] = (value, None)
-        part["_n"] = n
-        self.parts.append(part)
-
-    def build(self) -> tuple[int, dict[str, tuple[np.ndarray, np.ndarray | None]]]:
-        """The columns of all parts in start order (stable, so each thread keeps its order)."""
-        n = sum(p["_n"] for p in self.parts)
-        if not n:
-            self.parts = []
-            return 0, {}
-        starts = [p["start"][0] for p in self.parts]
-        start = np.concatenate(starts) if len(starts) > 1 else starts[0]
-        order = None
-        if not bool(np.all(start[1:] >= start[:-1])):
-            # Rows by start: one gather a column (its parts laid end to end, then taken in
-            # order), which mostly reads memory in sequence.
-            order = np.argsort(start, kind="stable")
-        out = {name: self._ordered(name, n, order) for name in NVTX_COLUMNS
-               if any(name in p for p in self.parts)}
-        self.parts = []
-        return n, out
-
-    def _ordered(self, name: str, n: int, order: np.ndarray | None):
-        dtype = np.float64 if name in REAL_COLUMNS else np.int32 if name in self.INT32 else np.int64
-        if len(self.parts) == 1 and order is None:  # the common case: no copy of large columns
-            v, m = self.parts[0][name]
-            return np.asarray(v).astype(dtype, copy=False), m
-        values = np.concatenate([np.asarray(p[name][0]).astype(dtype, copy=False) if name in p
-                                 else np.zeros(p["_n"], dtype) for p in self.parts])
-        null = None
-        if any(name not in p or p[name][1] is not None for p in self.parts):
-            null = np.concatenate([np.ones(p["_n"], bool) if name not in p else
-                                   np.zeros(p["_n"], bool) if p[name][1] is None else p[name][1]
-                                   for p in self.parts])
-        if order is not None:
-            values = values[order]
-            null = None if null is None else null[order]
-        return values, null
+def _dtype(name: str):
+    return np.float64 if name in REAL_COLUMNS else np.int32 if name in INT32_COLUMNS else np.int64
 
 
 def _payload_columns(ev: np.ndarray) -> dict:
@@ -229,7 +182,7 @@ KIND_TO_EVENT_TYPE = np.array([0, 59, 60, 0, 34, 0], np.int32)  # PUSH, START, E
 
 
 def _nullable(values: np.ndarray, null: np.ndarray):
-    """A column part, or None when every row is NULL (the column is then left out)."""
+    """A column, or None when every row is NULL (the column is then left out)."""
     if null.all():
         return None
     return values, (null if null.any() else None)
@@ -253,33 +206,6 @@ def _with_ends(proc: Process):
     return ev[keep], tids[keep], end_ticks[keep], end_tid[keep]
 
 
-def _event_rows(cols: Columns, proc: Process, clock, t0: int, lut: np.ndarray) -> None:
-    ev, tids, end_ticks, end_tid = _with_ends(proc)
-    kind, msg, base = ev["kind"], ev["msgtype"], np.int64(gpid(proc.pid))
-    text_idx = _lookup(lut, ev["text"])
-    plain = (msg == MSG_ASCII) | (msg == MSG_UNICODE)
-    end_gtid = None
-    if end_tid is not None:
-        end_gtid = _nullable(end_tid.astype(np.int64) + base, (end_tid == 0) | (end_tid == tids))
-    cols.add(
-        len(ev), start=clock.ns(ev["start"], t0), end=(clock.ns(end_ticks, t0), end_ticks == 0),
-        eventType=KIND_TO_EVENT_TYPE[kind],
-        rangeId=_nullable(ev["aux"].view(np.int64), kind != START),
-        category=_nullable(ev["category"], ev["category"] == 0),
-        color=_nullable(ev["color"], ev["colortype"] != 1),
-        text=np.where(plain, text_idx, -1) if plain.any() else None,
-        globalTid=tids.astype(np.int64) + base, endGlobalTid=end_gtid,
-        textId=_nullable(text_idx + 1, (msg != MSG_REGISTERED) | (text_idx < 0)),
-        domainId=ev["domain"], **_payload_columns(ev))
-
-
-def _lookup(lut: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Pool indexes of a process's string ids; -1 for 0 (no string) and ids never defined."""
-    table = np.append(lut, -1)  # the slot past the end answers for every id never defined
-    table[0] = -1
-    return table[np.minimum(ids, lut.size)]
-
-
 def _join_ends(rids, end_rids, end_ticks, end_tids):
     """End time and thread of each start/end range (0 where it never ended)."""
     ts = np.zeros(len(rids), np.uint64)
@@ -294,51 +220,109 @@ def _join_ends(rids, end_rids, end_ticks, end_tids):
     return ts, tid
 
 
-def _meta_rows(cols: Columns, proc: Process, clock, t0: int, lut: np.ndarray) -> None:
+def _string_table(lut: np.ndarray) -> np.ndarray:
+    """Pool indexes by a process's string id, clipped ids included: -1 for 0 (no string) and for
+    every id never defined (the slot past the end)."""
+    table = np.append(lut, -1)
+    table[0] = -1
+    return table
+
+
+class EventRows:
+    """One process's events, made into NVTX_EVENTS columns a window of rows at a time."""
+
+    def __init__(self, proc: Process, clock, t0: int, lut: np.ndarray):
+        self.ev, self.tids, self.end_ticks, self.end_tid = _with_ends(proc)
+        self.clock, self.t0, self.base = clock, t0, np.int64(gpid(proc.pid))
+        self.strings = _string_table(lut)
+        self.start = clock.ns(self.ev["start"], t0)
+
+    def columns(self, sel: np.ndarray) -> dict:
+        """The rows `sel`: name -> (values, NULL mask or None); columns NULL throughout left out."""
+        ev, tids, end_ticks = self.ev[sel], self.tids[sel], self.end_ticks[sel]
+        kind, msg, category = ev["kind"], ev["msgtype"], ev["category"]
+        text_idx = self.strings.take(ev["text"], mode="clip")
+        plain = (msg == MSG_ASCII) | (msg == MSG_UNICODE)
+        cols = {
+            "start": (self.start[sel], None),
+            "end": _nullable(self.clock.ns(end_ticks, self.t0), end_ticks == 0),
+            "eventType": (KIND_TO_EVENT_TYPE[kind], None),
+            "rangeId": _nullable(ev["aux"].view(np.int64), kind != START),
+            "category": _nullable(category, category == 0),
+            "color": _nullable(ev["color"], ev["colortype"] != 1),
+            "text": (np.where(plain, text_idx, -1), None) if plain.any() else None,
+            "globalTid": (tids.astype(np.int64) + self.base, None),
+            "textId": _nullable(text_idx + 1, (msg != MSG_REGISTERED) | (text_idx < 0)),
+            "domainId": (ev["domain"], None),
+            **_payload_columns(ev),
+        }
+        if self.end_tid is not None:
+            end_tid = self.end_tid[sel]
+            cols["endGlobalTid"] = _nullable(end_tid.astype(np.int64) + self.base,
+                                             (end_tid == 0) | (end_tid == tids))
+        return cols
+
+
+class MetaRows:
     """Domain-create (75), category (33) and thread-name (39) rows; names go in `text`."""
-    base = gpid(proc.pid)
-    rows = [(75, did, 0, sid, tid, tk) for did, sid, tid, tk in proc.domains]
-    rows += [(33, dom, cat, sid, tid, tk) for dom, cat, sid, tid, tk in proc.categories]
-    rows += [(39, 0, 0, sid, tid, tk) for tid, sid, source, tk in proc.thread_names if source == 1]
-    if not rows:
-        return
-    a = np.array(rows, np.int64)
-    ticks = np.array([r[5] for r in rows], np.uint64)
-    text = _lookup(lut, a[:, 3])
-    cols.add(len(a), start=clock.ns(ticks, t0), end=(np.zeros(len(a), np.int64), np.ones(len(a), bool)),
-             eventType=a[:, 0], category=(a[:, 2], a[:, 0] != 33), text=text,
-             globalTid=base + a[:, 4], domainId=a[:, 1])
+
+    def __init__(self, proc: Process, clock, t0: int, lut: np.ndarray):
+        base = gpid(proc.pid)
+        rows = [(75, did, 0, sid, tid, tk) for did, sid, tid, tk in proc.domains]
+        rows += [(33, dom, cat, sid, tid, tk) for dom, cat, sid, tid, tk in proc.categories]
+        rows += [(39, 0, 0, sid, tid, tk) for tid, sid, source, tk in proc.thread_names if source == 1]
+        a = np.array(rows, np.int64).reshape(-1, 6)
+        self.start = clock.ns(np.array([r[5] for r in rows], np.uint64), t0)
+        self.cols = {"start": (self.start, None), "eventType": (a[:, 0], None),
+                     "category": _nullable(a[:, 2], a[:, 0] != 33),
+                     "text": (_string_table(lut).take(a[:, 3], mode="clip"), None),
+                     "globalTid": (base + a[:, 4], None), "domainId": (a[:, 1], None)}
+
+    def columns(self, sel: np.ndarray) -> dict:
+        cols = {}
+        for name, col in self.cols.items():
+            if col is not None:
+                values, null = col
+                cols[name] = (values[sel], None) if null is None else _nullable(values[sel], null[sel])
+        return cols
 
 
 # ---- tables ----------------------------------------------------------------------------------------
 
 def _column(name: str, values: np.ndarray, null: np.ndarray | None) -> pl.Series:
-    series = pl.Series(name, values)
+    series = pl.Series(name, values.astype(_dtype(name), copy=False))
     if null is None:
         return series
     return pl.select(pl.when(pl.Series(~null)).then(series).alias(name)).to_series()
 
 
-def _nvtx_frame(rows: _Rows) -> pl.DataFrame:
-    """NVTX_EVENTS in start order, eventId 1..n; columns that are NULL throughout are left out."""
-    series = []
-    for name in NVTX_COLUMNS:
-        if name not in rows.columns:
-            continue
-        values, null = rows.columns[name]
-        if name == "text":
-            series.append(_text_column(values, null, rows.pool.values))
-        else:
-            series.append(_column(name, values, null))
-    series.append(pl.Series("eventId", np.arange(1, rows.n + 1, dtype=np.int64)))
-    return pl.DataFrame(series)
-
-
-def _text_column(index: np.ndarray, null: np.ndarray | None, strings: list[str]) -> pl.Series:
+def _text_column(index: np.ndarray, strings: pl.Series) -> pl.Series:
     """Pool indexes to the strings themselves (the `text` column holds unregistered messages)."""
-    missing = index < 0 if null is None else (index < 0) | null
-    index = _column("text", np.where(missing, 0, index), missing)
-    return pl.Series("text", strings, pl.String).gather(index)
+    missing = index < 0
+    return strings.gather(_column("text", np.where(missing, 0, index), missing))
+
+
+def _frame(cols: dict, strings: pl.Series) -> pl.DataFrame:
+    return pl.DataFrame([_text_column(c[0], strings) if name == "text" else _column(name, *c)
+                         for name in NVTX_COLUMNS if (c := cols.get(name)) is not None])
+
+
+def _nvtx_frames(rows: _Rows, window: int) -> Iterator[pl.DataFrame]:
+    """NVTX_EVENTS in start order, eventId 1..n, a frame for each `window` rows; a column NULL
+    throughout a frame is left out of it."""
+    strings = pl.Series("text", rows.pool.values, pl.String)
+    sizes = np.array([len(p.start) for p in rows.parts])
+    ends = np.cumsum(sizes)
+    for first in range(0, len(rows.order), window):
+        idx = rows.order[first:first + window]
+        owner = np.searchsorted(ends, idx, side="right")
+        by_part = np.argsort(owner, kind="stable")  # the window's rows of each part, in order
+        cuts = np.cumsum(np.bincount(owner, minlength=len(sizes)))[:-1]
+        frames = [_frame(part.columns(idx[pos] - (end - size)), strings)
+                  for part, pos, end, size in zip(rows.parts, np.split(by_part, cuts), ends, sizes)
+                  if len(pos)]
+        frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal").gather(np.argsort(by_part))
+        yield frame.with_columns(pl.int_range(first + 1, first + 1 + frame.height, dtype=pl.Int64).alias("eventId"))
 
 
 def _small_tables(rows: _Rows, procs: list[Process], t0_ns: int, session: Session,
@@ -405,8 +389,9 @@ def _thread_rows(procs: list[Process], luts: list[np.ndarray]) -> tuple[list[tup
 
 @dataclass
 class _Rows:
-    n: int
-    columns: dict
+    parts: list  # EventRows and MetaRows of each process, laid end to end
+    order: np.ndarray  # their row numbers in start order (stable: each thread keeps its order)
+    last_start: int
     pool: StringPool
     thread_rows: list[tuple[int, int]]
     threads: int
@@ -422,60 +407,78 @@ def _clocks(procs: list[Process], session: Session) -> list:
 
 
 def _build_rows(procs: list[Process], session: Session, t0: int) -> _Rows:
-    pool, cols, luts = StringPool(), Columns(), []
+    """Every row's start and the order they go in; the other columns are made a window at a time."""
+    pool, parts, luts = StringPool(), [], []
     for p, clock in zip(procs, _clocks(procs, session)):
         lut = pool.local_map(p.strings)
         luts.append(lut)
-        _event_rows(cols, p, clock, t0, lut)
-        _meta_rows(cols, p, clock, t0, lut)
-        p.events = p.events[:0]  # frees the spool's copy of the largest arrays early
-    n, columns = cols.build()
+        parts += [EventRows(p, clock, t0, lut), MetaRows(p, clock, t0, lut)]
+    parts = [p for p in parts if len(p.start)]
+    start = np.concatenate([p.start for p in parts]) if parts else np.zeros(0, np.int64)
+    order = np.argsort(start, kind="stable")
     thread_rows, threads = _thread_rows(procs, luts)
-    return _Rows(n, columns, pool, thread_rows, threads)
+    last = int(start[order[-1]]) if len(order) else 0
+    return _Rows(parts, order, last, pool, thread_rows, threads)
 
 
-def _write_db(path: str, tables: dict[str, pl.DataFrame]) -> None:
-    """Creates every table with nsys's own declaration, then appends each frame's rows."""
-    with adbc.connect(path, autocommit=True) as con, con.cursor() as cur:
+def _write_db(path: str, tables: Iterable[tuple[str, pl.DataFrame]], phases: _Phases) -> None:
+    """Creates every table with nsys's own declaration, then appends each frame's rows.
+
+    A second thread inserts each frame while the next one is built: ADBC's ingest runs SQLite
+    with the GIL released. The connection is used by one thread at a time."""
+    spent = [0.0, 0.0]
+
+    def insert(name: str, frame: pl.DataFrame) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        cur.adbc_ingest(name, frame, mode="append")
+        spent[0] += time.perf_counter() - wall
+        spent[1] += time.thread_time() - cpu
+
+    with adbc.connect(path, autocommit=True) as con, con.cursor() as cur, \
+            ThreadPoolExecutor(1, thread_name_prefix="mmscope-sqlite") as inserter:
         for pragma in PRAGMAS:
             cur.execute(f"PRAGMA {pragma}")
         cur.execute("BEGIN")
         for ddl in schema.ALL_TABLES:
             cur.execute(ddl)
-        for name, frame in tables.items():
+        pending = None
+        for name, frame in tables:
             if frame.height:
-                cur.adbc_ingest(name, frame, mode="append")
+                if pending is not None:
+                    pending.result()
+                pending = inserter.submit(insert, name, frame)
+        if pending is not None:
+            pending.result()
         cur.execute("COMMIT")
+    phases.done("rows built and inserted a window at a time")
+    phases.times["of which SQLite inserts (ADBC, second thread)"] = tuple(spent)
 
 
-def write_export(spool_dir: str, out_path: str, session: Session | None = None) -> Summary:
+def write_export(spool_dir: str, out_path: str, session: Session | None = None,
+                 window: int = WINDOW) -> Summary:
     """Reads every spool in `spool_dir` and writes `out_path`, replaced only once complete."""
     session, phases = session or Session(), _Phases()
     procs = read_spool_dir(spool_dir)
     phases.done("read spool files")
     t0 = session.start_ns if session.start_ns is not None else min((p.pairs[0][1] for p in procs), default=0)
     rows = _build_rows(procs, session, t0)
-    last = int(rows.columns["start"][0].max()) if rows.n else 0
-    duration = max(0, session.end_ns - t0 if session.end_ns is not None else last)
-    phases.done("build rows (numpy)")
-    tables = {"NVTX_EVENTS": _nvtx_frame(rows) if rows.n else pl.DataFrame()}
-    rows.columns = {}  # the frame holds its own copy; these arrays are large
-    tables.update(_small_tables(rows, procs, t0, session, duration))
-    phases.done("sorted frames (polars)")
+    duration = max(0, session.end_ns - t0 if session.end_ns is not None else rows.last_start)
+    phases.done("rows in start order (numpy)")
+    tables = itertools.chain((("NVTX_EVENTS", f) for f in _nvtx_frames(rows, window)),
+                             _small_tables(rows, procs, t0, session, duration).items())
     tmp = out_path + ".tmp"
     try:
         if os.path.exists(tmp):
             os.remove(tmp)
-        _write_db(tmp, tables)
+        _write_db(tmp, tables, phases)
         os.replace(tmp, out_path)
-        phases.done("SQLite inserts (ADBC)")
     except adbc.Error as e:
         _remove(tmp)
         raise OSError(str(e).splitlines()[0]) from None
     except BaseException:
         _remove(tmp)
         raise
-    return Summary(events=rows.n, processes=len(procs), threads=rows.threads, path=out_path,
+    return Summary(events=len(rows.order), processes=len(procs), threads=rows.threads, path=out_path,
                    phases=phases.times)
 
 
