@@ -311,18 +311,23 @@ def _nvtx_frames(rows: _Rows, window: int) -> Iterator[pl.DataFrame]:
     """NVTX_EVENTS in start order, eventId 1..n, a frame for each `window` rows; a column NULL
     throughout a frame is left out of it."""
     strings = pl.Series("text", rows.pool.values, pl.String)
-    sizes = np.array([len(p.start) for p in rows.parts])
-    ends = np.cumsum(sizes)
     for first in range(0, len(rows.order), window):
-        idx = rows.order[first:first + window]
-        owner = np.searchsorted(ends, idx, side="right")
-        by_part = np.argsort(owner, kind="stable")  # the window's rows of each part, in order
-        cuts = np.cumsum(np.bincount(owner, minlength=len(sizes)))[:-1]
-        frames = [_frame(part.columns(idx[pos] - (end - size)), strings)
-                  for part, pos, end, size in zip(rows.parts, np.split(by_part, cuts), ends, sizes)
-                  if len(pos)]
-        frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal").gather(np.argsort(by_part))
-        yield frame.with_columns(pl.int_range(first + 1, first + 1 + frame.height, dtype=pl.Int64).alias("eventId"))
+        frame = _window(rows, rows.order[first:first + window], strings)
+        event_id = pl.int_range(first + 1, first + 1 + frame.height, dtype=pl.Int64)
+        yield frame.with_columns(event_id.alias("eventId"))
+
+
+def _window(rows: _Rows, idx: np.ndarray, strings: pl.Series) -> pl.DataFrame:
+    """The rows `idx` (row numbers of the parts laid end to end), in that order."""
+    ends = np.cumsum([len(p.start) for p in rows.parts])
+    owner = np.searchsorted(ends, idx, side="right")
+    by_part = np.argsort(owner, kind="stable")  # each part's rows of the window, in window order
+    cuts = np.cumsum(np.bincount(owner, minlength=len(ends)))[:-1]
+    frames = [_frame(part.columns(idx[pos] - (end - len(part.start))), strings)
+              for part, pos, end in zip(rows.parts, np.split(by_part, cuts), ends) if len(pos)]
+    if len(frames) == 1:
+        return frames[0]
+    return pl.concat(frames, how="diagonal").gather(np.argsort(by_part))
 
 
 def _small_tables(rows: _Rows, procs: list[Process], t0_ns: int, session: Session,
