@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 
+from mmscope.analyze.readers.scrape import seconds
 from mmscope.errors import UserError, check_output_file
 
 DEFAULT_REUSE = "0,0.5,0.9"
@@ -30,6 +30,7 @@ RESERVED_FILES = 64  # open files beside the connections: the interpreter's, the
 MAX_TOKENS = 2**31 - 1
 MAX_SEED = 2**63 - 1
 MAX_TIMEOUT_S = 7 * 86400.0
+_seconds = seconds(MAX_TIMEOUT_S)
 MAX_MEDIA_LATENCY_S = 60.0  # a media server slower than this is beyond any client's timeout
 DESCRIPTION = "verify the encoder cache under sweep load against a live server"
 
@@ -74,9 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "since a server still holds the images of a run with the same seed)")
     parser.add_argument("--max-tokens", type=_within(1, MAX_TOKENS), default=4, metavar="T",
                         help="tokens generated per request (default: 4)")
-    parser.add_argument("--timeout", type=_positive, default=600.0, metavar="SECONDS",
+    parser.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
                         help="give up after this long in all (default: 600)")
-    parser.add_argument("--request-timeout", type=_positive, default=120.0, metavar="SECONDS",
+    parser.add_argument("--request-timeout", type=_seconds, default=120.0, metavar="SECONDS",
                         help="give up on a request after this long (default: 120)")
     parser.add_argument("--prefix", action="store_true",
                         help="the prefix plan: repeats resend an earlier request whole, images "
@@ -186,18 +187,6 @@ def _within(low: int, high: int):
             raise argparse.ArgumentTypeError(f"must be at most {high}: {text!r}")
         return value
     return parse
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    if not (math.isfinite(value) and value <= MAX_TIMEOUT_S):
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_TIMEOUT_S:g} s: {text!r}")
-    return value
 
 
 def _check_before_planning(args: argparse.Namespace) -> None:

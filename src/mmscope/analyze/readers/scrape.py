@@ -46,18 +46,25 @@ def read(source: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
     return out
 
 
-def timeout(text: str) -> float:
-    """--timeout: seconds, positive and at most a day (an argparse type)."""
+def seconds(at_most: float):
+    """An argparse type: seconds above 0 and at most `at_most` (every command's timeouts)."""
     import argparse
     import math
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, not {text!r}") from None
-    if not (math.isfinite(value) and 0 < value <= 86400):
-        raise argparse.ArgumentTypeError(f"{text}: seconds above 0 and at most 86400")
-    return value
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+        if not (math.isfinite(value) and value <= at_most):
+            raise argparse.ArgumentTypeError(f"must be at most {at_most:g} s: {text!r}")
+        return value
+    return parse
+
+
+timeout = seconds(86400.0)  # --timeout of analyze --metrics and doctor --url: at most a day
 
 
 def _int(value) -> int | None:
