@@ -8,7 +8,7 @@
    (one INSERT ... SELECT inside SQLite, no binding), the floor of any road through a SQLite
    library.
 
-usage: python bench/record_overhead.py [--rounds 7] [--pairs 200000] [--ranges 10000000]
+usage: python bench/record_overhead.py [--rounds 7] [--pairs 200000] [--ranges 10000000] [--write-only]
 """
 from __future__ import annotations
 
@@ -148,27 +148,30 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--pairs", type=int, default=200_000)
     ap.add_argument("--ranges", type=int, default=10_000_000)
+    ap.add_argument("--write-only", action="store_true", help="part 3 alone")
     args = ap.parse_args()
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start\n")
 
-    bare, rec = python_pairs(args.rounds, args.pairs)
-    ratios = [r / b for r, b in zip(rec, bare)]
-    print("| NVTX push/pop pair | no tool (ns) | recorded (ns) | ratio | target |")
-    print("|---|---|---|---|---|")
-    print(f"| Python `nvtx._lib.lib.push_range/pop_range`, median of {args.rounds} interleaved runs "
-          f"| {med(bare):.0f} | {med(rec):.0f} | {med(rec) / med(bare):.2f} "
-          f"(per-run median {med(ratios):.2f}, best {min(ratios):.2f}) | <= 1.5 |")
+    if not args.write_only:
+        bare, rec = python_pairs(args.rounds, args.pairs)
+        ratios = [r / b for r, b in zip(rec, bare)]
+        print("| NVTX push/pop pair | no tool (ns) | recorded (ns) | ratio | target |")
+        print("|---|---|---|---|---|")
+        print(f"| Python `nvtx._lib.lib.push_range/pop_range`, median of {args.rounds} interleaved runs "
+              f"| {med(bare):.0f} | {med(rec):.0f} | {med(rec) / med(bare):.2f} "
+              f"(per-run median {med(ratios):.2f}, best {min(ratios):.2f}) | <= 1.5 |")
     with tempfile.TemporaryDirectory(prefix="mmscope-bench-") as tmp:
         exe = compile_c(tmp)
         if exe is None:
             print("\n(no C compiler: C figures and the write benchmark skipped)")
             return 0
-        cb, cr = c_pairs(exe, args.rounds, args.pairs * 5)
-        for i, name in enumerate(["C `nvtxRangePushA/Pop` (message interned per call)",
-                                  "C `nvtxDomainRangePushEx/Pop` (registered string)"]):
-            print(f"| {name} | {med([b[i] for b in cb]):.1f} | {med([r[i] for r in cr]):.1f} | "
-                  f"+{med([r[i] for r in cr]) - med([b[i] for b in cb]):.1f} ns | context |")
+        if not args.write_only:
+            cb, cr = c_pairs(exe, args.rounds, args.pairs * 5)
+            for i, name in enumerate(["C `nvtxRangePushA/Pop` (message interned per call)",
+                                      "C `nvtxDomainRangePushEx/Pop` (registered string)"]):
+                print(f"| {name} | {med([b[i] for b in cb]):.1f} | {med([r[i] for r in cr]):.1f} | "
+                      f"+{med([r[i] for r in cr]) - med([b[i] for b in cb]):.1f} ns | context |")
         w = write_speed(exe, args.ranges, tmp)
     print("\n| recording -> SQLite | figure | target |\n|---|---|---|")
     print(f"| ranges written | {w['events']:,} | |")
