@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from mmscope.load import plan, series
+from mmscope.load import plan
+from mmscope.load.observed import series
 from mmscope.load.fleet import Shard
 from tests.kit.prometheus import JOB, Prometheus
 from tests.kit.router import RoundRobin

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmscope.load import series
+from mmscope.load.observed import series
 from tests.kit.cli import one_line_error
 from tests.kit.stand_in import ImageCache, chat_stand_in, load, load_json
 

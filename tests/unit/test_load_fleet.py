@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmscope.load import plan, series
+from mmscope.load import plan
+from mmscope.load.observed import series
 from mmscope.load.client import Timing
 from mmscope.load.fleet import Shard, bounds
 from mmscope.load.plan import LevelPlan, PlannedRequest
-from mmscope.load.prometheus import matcher, seconds
+from mmscope.load.observed.prometheus import matcher, seconds
 from mmscope.load.verdict import EXPLAINED, MATCH, ROUTED, UNEXPLAINED, Observed, judge
 from tests.kit.stand_in import RUN_TIMEOUT_S, ImageCache, chat_stand_in, load_json
 

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmscope.errors import UserError
-from mmscope.load import client, plan, series
+from mmscope.load import client, plan
+from mmscope.load.observed import series
 from mmscope.load.client import Server, Timing
 from mmscope.load.plan import LevelPlan, PlannedRequest
 from mmscope.load.verdict import EXCESS, EXPLAINED, MATCH, UNEXPLAINED, Observed, judge, lru_hits

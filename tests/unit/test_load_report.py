@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mmscope import stages
-from mmscope.load import series
+from mmscope.load.observed import series
 from mmscope.load.client import Timing
 from mmscope.load.plan import LevelPlan, PlannedRequest
 from mmscope.load.report import RunInfo, level_json, print_terminal, run_json

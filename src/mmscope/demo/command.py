@@ -129,7 +129,7 @@ def _report(out: str, profile: str, analysis, elapsed: float) -> None:
     from mmscope import vocabulary
     from mmscope.analyze.report.terminal import print_terminal
     from mmscope.console import report_console
-    from mmscope.load import series
+    from mmscope.load.observed import series
 
     console = report_console()
     with open(os.path.join(out, "summary.json")) as f:

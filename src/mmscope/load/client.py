@@ -15,7 +15,7 @@ import yarl
 
 from mmscope.errors import UserError
 from mmscope.expose import readout
-from mmscope.load import series
+from mmscope.load.observed import series
 
 CHAT_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"

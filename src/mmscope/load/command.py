@@ -133,7 +133,7 @@ def shard(text: str):
 
 
 def _matcher(text: str) -> str:
-    from mmscope.load.prometheus import matcher
+    from mmscope.load.observed.prometheus import matcher
 
     try:
         return matcher(text)
@@ -326,8 +326,8 @@ async def _fleet(args, http):
     """The servers to send to and where their counters are read."""
     from mmscope.load.client import Server
     from mmscope.load.epd import PairServer
-    from mmscope.load.prometheus import Prometheus
-    from mmscope.load.readings import Pages
+    from mmscope.load.observed.prometheus import Prometheus
+    from mmscope.load.observed.readings import Pages
     from mmscope.load.sweep import Fleet
 
     if args.encoder_url is not None:

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 
 from mmscope.errors import UserError
-from mmscope.load import series
+from mmscope.load.observed import series
 from mmscope.load.client import Server, Timing, Url, chat_body
 from mmscope.load.verdict import UNEXPLAINED, Verdict
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mmscope import stages
-from mmscope.load import series
+from mmscope.load.observed import series
 from mmscope.load.client import Url, json_text
 from mmscope.load.images import IMAGE_FORMATS
 from mmscope.load.plan import LevelPlan, PlannedRequest, Workload

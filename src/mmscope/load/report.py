@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from mmscope import stages
 from mmscope.expose import layers
-from mmscope.load import epd, media_urls, series, ttft_parts
+from mmscope.load import epd, media_urls
+from mmscope.load.observed import series, ttft_parts
 from mmscope.load.fleet import Shard
-from mmscope.load.readings import ONE_PAGE
+from mmscope.load.observed.readings import ONE_PAGE
 from mmscope.load.sweep import LevelResult
 from mmscope.load.verdict import SPARED, compared, observed
 from mmscope.vocabulary import EncoderWay, ProcessorWay

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from mmscope.errors import UserError
-from mmscope.load import epd, media_urls, readings, series
+from mmscope.load import epd, media_urls
+from mmscope.load.observed import readings, series
 from mmscope.load.client import Server, Timing
 from mmscope.load.fleet import Bounds, Shard, bounds
 from mmscope.load.plan import PROBE_LEVEL, LevelPlan, PlannedRequest, Workload
-from mmscope.load.readings import Pages, Reading
+from mmscope.load.observed.readings import Pages, Reading
 from mmscope.load.verdict import Observed, Verdict, judge, lru_hits, with_layers
 
 PROBE_TEXT = "mmscope load probe: how many embeddings does one image take?"

@@ -2,7 +2,7 @@
 rate, hits by source, where items were served from and what each cache layer saved, and the time
 to first token by part of hits and misses (mean, p50, p90).
 
-Read with the load verifier's own readers (`mmscope.load.series`, `mmscope.load.ttft_parts`).
+Read with the load verifier's own readers (`mmscope.load.observed.series`, `mmscope.load.observed.ttft_parts`).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ _URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 def read(source: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
     from mmscope.expose import layers, readout
-    from mmscope.load import series, ttft_parts
+    from mmscope.load.observed import series, ttft_parts
 
     text = fetch(source, timeout_s)
     try:

@@ -1,6 +1,6 @@
 """Where a level's counters come from. A reading is, per instance, its series as
 `mmscope.expose.readout` keys them: from each server's /metrics page (`Pages`) or from the
-Prometheus that scrapes the fleet (load/prometheus.py). A level's figures are two readings' deltas.
+Prometheus that scrapes the fleet (load/observed/prometheus.py). A level's figures are two readings' deltas.
 """
 from __future__ import annotations
 

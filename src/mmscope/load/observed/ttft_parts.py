@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from mmscope import stages
 from mmscope.expose.readout import histogram_quantile
-from mmscope.load import series
+from mmscope.load.observed import series
 
 OUTCOMES = ("hit", "miss")
 _KEY = re.compile(r"^(?P<name>\w+)_(?P<kind>bucket|sum|count)(?:\{(?P<labels>[^}]*)\})?$")

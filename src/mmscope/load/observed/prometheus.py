@@ -15,9 +15,9 @@ import aiohttp
 
 from mmscope.errors import UserError
 from mmscope.expose import readout
-from mmscope.load import series
+from mmscope.load.observed import series
 from mmscope.load.client import base_url, one_line
-from mmscope.load.readings import Reading
+from mmscope.load.observed.readings import Reading
 
 QUERY_PATH = "/api/v1/query"
 TARGETS_PATH = "/api/v1/targets"
