@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from mmscope.analyze.ranges.nesting import nth, position_type, walk_of
+from mmscope.analyze.ranges.nesting import nth, position_type, seek, walk_of
 
 NONE = -1  # no device work: first and last of a range without ops
 _UNSET = np.iinfo(np.int64).max  # first while it is computed: min() takes any start over it
@@ -132,18 +132,7 @@ def _owners(op_thread, threads, call_start, rows, off, start, end, parent, n_sub
                 continue
             g = t * n_subs + s
             lo, hi = off[g], off[g + 1]
-            if c < last_call[g]:  # back in time: search the group from its start
-                a, b = lo, hi
-                while a < b:
-                    m = (a + b) // 2
-                    if start[rows[m]] <= c:
-                        a = m + 1
-                    else:
-                        b = m
-                pos[g] = a - 1
-            else:
-                while pos[g] + 1 < hi and start[rows[pos[g] + 1]] <= c:
-                    pos[g] += 1
+            pos[g] = seek(start, rows, lo, hi, pos[g], last_call[g], c)
             last_call[g] = c
             r = rows[pos[g]] if pos[g] >= lo else -1
             while r >= 0 and end[r] <= c:

@@ -178,6 +178,25 @@ def nth(walk, k):
     return walk[k] if len(walk) else k
 
 
+@njit(cache=True, nogil=True, inline="always")
+def seek(key, idx, lo, hi, cur, last, value):
+    """The last position in idx[lo:hi] (ascending by key[idx]) whose key is at or before `value`
+    (lo - 1: none), searched on from `cur`, the answer for `last`: forward while values come in
+    time order, a binary search from the start where one goes back."""
+    if value < last:
+        a, b = lo, hi
+        while a < b:
+            m = (a + b) // 2
+            if key[idx[m]] <= value:
+                a = m + 1
+            else:
+                b = m
+        return a - 1
+    while cur + 1 < hi and key[idx[cur + 1]] <= value:
+        cur += 1
+    return cur
+
+
 def nest(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups: int, slack: int = 0):
     """(parent, crossing rows, order): order is None where the rows are in nesting order
     already, else the rows in it (what later passes that need parents first walk)."""

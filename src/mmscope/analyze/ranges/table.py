@@ -12,7 +12,7 @@ from numba import njit
 from mmscope import stages
 from mmscope.analyze.ranges.beside import Beside
 from mmscope.analyze.ranges.nesting import (NO_PARENT, by_group, dense_codes, depths, nest,
-                                             offsets, position_type, walk_of)
+                                             offsets, position_type, seek, walk_of)
 
 PUSH_POP, START_END, MARK = 0, 1, 2
 KIND_NAMES = ("push_pop", "start_end", "mark")
@@ -398,18 +398,7 @@ def _asof(rows, right, group, n_subs, start, n_threads, out):
     for i in range(len(rows)):
         t, s = group[rows[i]] // n_subs, start[rows[i]]
         lo, hi = off[t], off[t + 1]
-        if s < last[t]:  # back in time: search the thread's ranges from their start
-            a, b = lo, hi
-            while a < b:
-                m = (a + b) // 2
-                if right_start[pos[m]] <= s:
-                    a = m + 1
-                else:
-                    b = m
-            cur[t] = a - 1
-        else:
-            while cur[t] + 1 < hi and right_start[pos[cur[t] + 1]] <= s:
-                cur[t] += 1
+        cur[t] = seek(right_start, pos, lo, hi, cur[t], last[t], s)
         last[t] = s
         out[i] = pos[cur[t]] if cur[t] >= lo else NO_PARENT
 
