@@ -178,6 +178,19 @@ def nth(walk, k):
     return walk[k] if len(walk) else k
 
 
+@njit(cache=True, nogil=True)
+def sort_segments(order, off, key):
+    """Each segment order[off[b]:off[b + 1]] sorted by key[order] (stably), in place; a segment
+    already in order, the common case, is only read."""
+    for b in range(len(off) - 1):
+        lo, hi = off[b], off[b + 1]
+        for k in range(lo + 1, hi):
+            if key[order[k]] < key[order[k - 1]]:
+                seg = order[lo:hi].copy()
+                order[lo:hi] = seg[np.argsort(key[seg], kind="mergesort")]
+                break
+
+
 @njit(cache=True, nogil=True, inline="always")
 def seek(key, idx, lo, hi, cur, last, value):
     """The last position in idx[lo:hi] (ascending by key[idx]) whose key is at or before `value`

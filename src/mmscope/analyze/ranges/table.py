@@ -12,7 +12,8 @@ from numba import njit
 from mmscope import stages
 from mmscope.analyze.ranges.beside import Beside
 from mmscope.analyze.ranges.nesting import (NO_PARENT, by_group, dense_codes, depths, nest,
-                                             offsets, position_type, seek, walk_of)
+                                             offsets, position_type, seek, sort_segments,
+                                             walk_of)
 
 PUSH_POP, START_END, MARK = 0, 1, 2
 KIND_NAMES = ("push_pop", "start_end", "mark")
@@ -386,13 +387,7 @@ def _asof(rows, right, group, n_subs, start, n_threads, out):
         t = right_thread[j]
         pos[at[t]] = j
         at[t] += 1
-    for t in range(n_threads):
-        lo, hi = off[t], off[t + 1]
-        for k in range(lo + 1, hi):
-            if right_start[pos[k]] < right_start[pos[k - 1]]:
-                seg = pos[lo:hi].copy()
-                pos[lo:hi] = seg[np.argsort(right_start[seg], kind="mergesort")]
-                break
+    sort_segments(pos, off[:n_threads + 1], right_start)
     cur = off[:n_threads] - 1  # per thread: its last right range at or before its last search
     last = np.full(n_threads, np.iinfo(np.int64).min, np.int64)
     for i in range(len(rows)):

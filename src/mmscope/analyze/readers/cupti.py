@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from mmscope.analyze.ranges import device
-from mmscope.analyze.ranges.nesting import dense_codes
+from mmscope.analyze.ranges.nesting import dense_codes, sort_segments
 from mmscope.analyze.readers import sqlite_source
 
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -147,13 +147,7 @@ def _key_order(key, n_processes):
         b = (key[j] >> 40) + 1
         order[at[b]] = j
         at[b] += 1
-    for p in range(n_processes + 1):
-        lo, hi = off[p], off[p + 1]
-        for k in range(lo + 1, hi):
-            if key[order[k]] < key[order[k - 1]]:
-                seg = order[lo:hi].copy()
-                order[lo:hi] = seg[np.argsort(key[seg], kind="mergesort")]
-                break
+    sort_segments(order, off[:n_processes + 2], key)
     return order
 
 
