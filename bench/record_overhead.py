@@ -42,8 +42,11 @@ for _ in range(3):
 print(best)
 """
 
+# The writer's process as `mmscope record` prepares it (mmscope/large_arrays.py).
 WRITE = r"""
 import json, resource, sys, time
+from mmscope import large_arrays
+large_arrays.prepare_process()
 from mmscope.record.writer import write_export
 t, c = time.perf_counter(), time.process_time()
 s = write_export(sys.argv[1], sys.argv[2])

@@ -173,6 +173,18 @@ def test_exit_code_is_passed_through(tmp_path):
     assert record(tmp_path / "b.sqlite", "sh", "-c", "kill -TERM $$").returncode == 128 + signal.SIGTERM
 
 
+def test_the_command_runs_in_the_environment_it_was_given(tmp_path):
+    """The writer's own settings (plain pages, one BLAS thread) stay in the recorder's process."""
+    show = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % (
+        ["NUMPY_MADVISE_HUGEPAGE", "OPENBLAS_NUM_THREADS", "KEEP_ME"])
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMPY_MADVISE_HUGEPAGE", "OPENBLAS_NUM_THREADS")}
+    res = record(tmp_path / "x.sqlite", PY, "-c", show, env={**env, "KEEP_ME": "1"})
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == {"NUMPY_MADVISE_HUGEPAGE": None, "OPENBLAS_NUM_THREADS": None,
+                                      "KEEP_ME": "1"}
+
+
 def test_missing_command_is_a_one_line_error(tmp_path):
     res = record(tmp_path / "x.sqlite", "no-such-command-mmscope")
     assert res.returncode == 2

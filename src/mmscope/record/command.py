@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 
+from mmscope import large_arrays
 from mmscope.errors import UserError
 
 DEFAULT_OUTPUT = "mmscope-record.sqlite"
@@ -113,9 +114,10 @@ def _make_spool(spool_dir: str | None, output: str) -> str:
 
 
 def _record(command, executable, library, spool, output, linger) -> int:
+    env = dict(os.environ, NVTX_INJECTION64_PATH=library, MMSCOPE_RECORD_DIR=spool)
+    large_arrays.prepare_process()  # the writer's, after the command's environment is taken
     from mmscope.record.writer import Session, clock_pair, write_export
 
-    env = dict(os.environ, NVTX_INJECTION64_PATH=library, MMSCOPE_RECORD_DIR=spool)
     ticks, ns, tsc = clock_pair()
     session = Session(start_ns=ns, utc_epoch_ns=time.time_ns(), pairs=[(ticks, ns)], tsc=tsc,
                       command=[executable, *command[1:]])

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 
+from mmscope import large_arrays
 from mmscope.errors import UserError, check_output_file
 
 
@@ -111,39 +111,11 @@ def run(args) -> int:
 
 def compute(path: str, name_filter: str | None, workers: int | None, raw_names: bool = False):
     """Load and analyze the profile in this process (the cache's miss road)."""
-    prepare_process()
+    large_arrays.prepare_process()
     from mmscope.analyze import load
     from mmscope.analyze.report.analysis import analyze
 
     return analyze(path, load(path, workers=workers), name_filter, raw_names)
-
-
-def prepare_process() -> None:
-    """Settings for a process about to analyze a large profile; before numpy is imported."""
-    # numpy's transparent huge pages make each fresh large array wait for the kernel to compact
-    # memory on these shared machines (about 1 s of system time on 10 M rows, measured); the
-    # analysis allocates many short-lived arrays, so plain pages unless the user says otherwise.
-    os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
-    # OpenBLAS's threads spin between calls (about 3 % of the run on 10 M rows, measured with
-    # perf) and the analysis makes one small BLAS call (the step fit): one thread is enough.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    _return_freed_memory()
-
-
-# glibc's mallopt(3) setting of the size from which a block is mapped on its own: set, it is
-# fixed (glibc otherwise raises it to the largest block freed so far, up to 32 MiB).
-M_MMAP_THRESHOLD, MMAP_FROM = -3, 1 << 20
-
-
-def _return_freed_memory() -> None:
-    """Blocks of a MiB or more mapped on their own, so that each goes back to the system when
-    freed: the analysis frees many columns of a few MiB, which would otherwise stay in the
-    process' heap (about 50 MiB of peak memory on 10 M rows, measured). glibc only."""
-    import ctypes
-
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is not None:
-        mallopt(M_MMAP_THRESHOLD, MMAP_FROM)
 
 
 def _write(path: str, write) -> None:
