@@ -57,17 +57,27 @@ def dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             break
         slots *= 4
     keys = found[:made]
-    rank = np.empty(made, codes.dtype)
-    rank[np.argsort(keys, kind="stable")] = np.arange(made, dtype=codes.dtype)
-    renumber(codes, rank)
-    return codes, np.sort(keys)
+    rank = np.empty(made, code_type(made))
+    rank[np.argsort(keys, kind="stable")] = np.arange(made, dtype=rank.dtype)
+    small = np.empty(len(values), rank.dtype)
+    renumber(codes, rank, small)
+    return small, np.sort(keys)
+
+
+def code_type(n: int):
+    """The narrowest signed integer type for codes 0..n-1 (and -1): a profile's threads,
+    streams and nesting groups are few, and a byte a row of them is memory the analysis keeps."""
+    for kind in (np.int8, np.int16, np.int32):
+        if n <= np.iinfo(kind).max:
+            return kind
+    return np.int64
 
 
 @njit(cache=True, nogil=True)
-def renumber(codes, new):
-    """codes[i] = new[codes[i]], in place."""
+def renumber(codes, new, out):
+    """out[i] = new[codes[i]] (`out` may be `codes`)."""
     for i in range(len(codes)):
-        codes[i] = new[codes[i]]
+        out[i] = new[codes[i]]
 
 
 @njit(cache=True, nogil=True)

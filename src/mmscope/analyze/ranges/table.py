@@ -11,9 +11,9 @@ from numba import njit
 
 from mmscope import stages
 from mmscope.analyze.ranges.beside import Beside
-from mmscope.analyze.ranges.nesting import (NO_PARENT, by_group, dense_codes, depths, nest,
-                                             offsets, position_type, seek, sort_segments,
-                                             walk_of)
+from mmscope.analyze.ranges.nesting import (NO_PARENT, by_group, code_type, dense_codes,
+                                             depths, nest, offsets, position_type, seek,
+                                             sort_segments, walk_of)
 
 PUSH_POP, START_END, MARK = 0, 1, 2
 KIND_NAMES = ("push_pop", "start_end", "mark")
@@ -240,9 +240,10 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
         end_thread = np.asarray(end_thread, dtype=np.int64)
         rows = np.flatnonzero(end_thread != thread)
         elsewhere = (rows, end_thread[rows])
-    # One zero seen as a column: the default domain costs no memory.
+    # One zero seen as a column: the default domain costs no memory; a few domains, a byte a row.
     domain_id = (np.broadcast_to(np.int32(0), (n,)) if domain_id is None
-                 else np.asarray(domain_id, np.int32))
+                 else np.asarray(domain_id).astype(np.min_scalar_type(len(domains or [""])),
+                                                   copy=False))
     end, unclosed = _close(start, end, kind)
     nesting = Beside(_nested, thread, domain_id, kind, start, end, slack_ns)
     del thread
@@ -279,21 +280,23 @@ def nesting_groups(thread: np.ndarray, domain_id: np.ndarray, kind: np.ndarray):
     sub = (domain_id.astype(np.int64) << 1) | (kind == START_END)
     s, subs = dense_codes(sub)
     group = t.astype(np.int64) * len(subs) + s
-    return group.astype(position_type(len(threads) * len(subs))), threads, len(subs)
+    return group.astype(code_type(len(threads) * len(subs))), threads, len(subs)
 
 
 def _close(start: np.ndarray, end: np.ndarray, kind: np.ndarray):
     """Marks end where they start; other missing ends become the last timestamp (unclosed)."""
     missing = end < start
     marks = kind == MARK
+    none = np.broadcast_to(np.False_, missing.shape)  # the usual answer, in no memory
     if not missing.any() and not marks.any():
-        return end, missing
+        return end, none
     end = end.copy()
     end[marks] = start[marks]
     unclosed = missing & ~marks
-    if unclosed.any():
-        last = max(int(start.max()), int(end[~missing].max()) if (~missing).any() else 0)
-        end[unclosed] = last
+    if not unclosed.any():
+        return end, none
+    last = max(int(start.max()), int(end[~missing].max()) if (~missing).any() else 0)
+    end[unclosed] = last
     return end, unclosed
 
 

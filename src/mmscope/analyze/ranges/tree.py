@@ -93,7 +93,7 @@ def build(table: RangeTable, stage_of_name: np.ndarray, role_of_thread: np.ndarr
     new, depth = _level_order(parent, stage, role, n_stages)
     parent = np.where(parent >= 0, new[np.maximum(parent, 0)], -1)
     order = np.argsort(new)
-    renumber(of_row, new.astype(np.int32))
+    renumber(of_row, new.astype(np.int32), of_row)
     return Nodes(of_row=of_row, parent=parent[order], role=role[order], stage=stage[order],
                  depth=depth[order], excess=_excess(table, of_row, len(new)))
 
