@@ -46,7 +46,7 @@ print(best)
 WRITE = r"""
 import json, resource, sys, time
 from mmscope import large_arrays
-large_arrays.prepare_process()
+large_arrays.plain_pages()
 from mmscope.record.writer import write_export
 t, c = time.perf_counter(), time.process_time()
 s = write_export(sys.argv[1], sys.argv[2])

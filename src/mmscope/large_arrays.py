@@ -11,9 +11,8 @@ import os
 M_MMAP_THRESHOLD, MMAP_FROM = -3, 1 << 20
 
 
-def prepare_process() -> None:
-    """Plain pages, one BLAS thread, freed columns back to the system; a setting the user made
-    in the environment stays."""
+def plain_pages() -> None:
+    """Plain pages and one BLAS thread, unless the user's environment says otherwise."""
     # numpy's transparent huge pages make each fresh large array wait for the kernel to compact
     # memory on these shared machines (about 1 s of system time on 10 M rows analyzed, 3 s a
     # 480 MiB column written, measured); the work allocates many short-lived arrays.
@@ -21,13 +20,14 @@ def prepare_process() -> None:
     # OpenBLAS's threads spin between calls (about 3 % of an analysis of 10 M rows, measured
     # with perf) and the analysis makes one small BLAS call (the step fit).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    _return_freed_memory()
 
 
-def _return_freed_memory() -> None:
+def return_freed_memory() -> None:
     """Blocks of a MiB or more mapped on their own, so that each goes back to the system when
     freed: the analysis frees many columns of a few MiB, which would otherwise stay in the
-    process' heap (about 50 MiB of peak memory on 10 M rows, measured). glibc only."""
+    process' heap (about 50 MiB of peak memory on 10 M rows, measured). Not for work that
+    allocates the same blocks over and over (the recorder's windows): each fresh mapping is
+    touched page by page again. glibc only."""
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, MMAP_FROM)

@@ -115,7 +115,7 @@ def _make_spool(spool_dir: str | None, output: str) -> str:
 
 def _record(command, executable, library, spool, output, linger) -> int:
     env = dict(os.environ, NVTX_INJECTION64_PATH=library, MMSCOPE_RECORD_DIR=spool)
-    large_arrays.prepare_process()  # the writer's, after the command's environment is taken
+    large_arrays.plain_pages()  # the writer's, after the command's environment is taken
     from mmscope.record.writer import Session, clock_pair, write_export
 
     ticks, ns, tsc = clock_pair()

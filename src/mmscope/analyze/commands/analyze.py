@@ -111,7 +111,8 @@ def run(args) -> int:
 
 def compute(path: str, name_filter: str | None, workers: int | None, raw_names: bool = False):
     """Load and analyze the profile in this process (the cache's miss road)."""
-    large_arrays.prepare_process()
+    large_arrays.plain_pages()
+    large_arrays.return_freed_memory()
     from mmscope.analyze import load
     from mmscope.analyze.report.analysis import analyze
 
