@@ -11,6 +11,8 @@ import threading
 import aiohttp
 from aiohttp import web
 
+from mmscope.load import client
+
 CHAT_PATH = "/v1/chat/completions"
 
 
@@ -41,7 +43,9 @@ class RoundRobin:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        async with aiohttp.ClientSession() as self._http:
+        # As mmscope load's client: never a request on a connection vLLM is closing.
+        idle = aiohttp.TCPConnector(keepalive_timeout=client.IDLE_KEPT_S)
+        async with aiohttp.ClientSession(connector=idle) as self._http:
             self._started.set()
             await self._stop.wait()
         await runner.cleanup()

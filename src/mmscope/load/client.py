@@ -59,10 +59,17 @@ def base_url(url: str, flag: str = "--url") -> str:
     return url.removesuffix("/v1")
 
 
+# vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default): one
+# idle for longer than this is not used again, so that no request goes out on a connection the
+# server is closing (its answer would be a reset, after a pause between levels say).
+IDLE_KEPT_S = 4.0
+
+
 def session(connections: int) -> aiohttp.ClientSession:
     """The run's one session: `connections` open at once at most, over all servers. Made inside
     the running event loop."""
-    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=0)
+    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=0,
+                                     keepalive_timeout=IDLE_KEPT_S)
     return aiohttp.ClientSession(connector=connector, trust_env=False)
 
 
