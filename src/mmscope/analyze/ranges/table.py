@@ -242,8 +242,7 @@ def build(*, raw_names: list[str], name_id, start, end, kind, thread, end_thread
         elsewhere = (rows, end_thread[rows])
     # One zero seen as a column: the default domain costs no memory; a few domains, a byte a row.
     domain_id = (np.broadcast_to(np.int32(0), (n,)) if domain_id is None
-                 else np.asarray(domain_id).astype(np.min_scalar_type(len(domains or [""])),
-                                                   copy=False))
+                 else np.asarray(domain_id).astype(code_type(len(domains or [""])), copy=False))
     end, unclosed = _close(start, end, kind)
     nesting = Beside(_nested, thread, domain_id, kind, start, end, slack_ns)
     del thread
