@@ -7,12 +7,13 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mmscope.analyze.ranges import device
+from mmscope.analyze.ranges import device, stats
 from mmscope.analyze import load
 from mmscope.analyze.report.analysis import analyze
 from tests.kit import nsys as F
@@ -110,6 +111,30 @@ def test_an_export_without_cupti_tables_says_so_once(tmp_path):
         "available": False, "reason": "no CUDA trace in the export (nsys profile -t cuda,nvtx "
         "records the CUPTI runtime, kernel, memcpy and memset tables)"}
     assert all(s["device_ns"] is None and s["kernel_ns"] is None for s in analysis.stages)
+
+
+def test_the_projection_waits_for_the_host_figures(projected, monkeypatch):
+    """The analysis' peak memory: the device projection (on the second core) never runs while
+    the host figures are measured, however long they take (their columns are not held at
+    once); the figures come out the same."""
+    table, _, before = projected
+    spans: dict[str, tuple[float, float]] = {}
+
+    def timed(name, fn, delay=0.0):
+        def run(*args):
+            start = time.perf_counter()
+            time.sleep(delay)
+            try:
+                return fn(*args)
+            finally:
+                spans[name] = (start, time.perf_counter())
+        return run
+
+    monkeypatch.setattr(stats, "measure", timed("measure", stats.measure, delay=0.5))
+    monkeypatch.setattr(device, "per_range", timed("per_range", device.per_range))
+    again = analyze(before.path, table)
+    assert spans["per_range"][0] >= spans["measure"][1]
+    assert again.to_json() == before.to_json()
 
 
 # --- real torch traces from GPU runs ---------------------------------------------------------

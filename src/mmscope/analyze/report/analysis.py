@@ -44,13 +44,19 @@ def analyze(path: str, table, name_filter: str | None = None,
     """Every figure of the profile. On the second core: the step join, steps, checks and cache
     benefit (which read the table only), then the device projection; meanwhile here the stage
     tree and its host figures, to which the device time is added."""
+    import threading
+
     from mmscope.analyze.ranges import frame, per_step, stats
     from mmscope.analyze.ranges.beside import Beside
 
     built = frame.begin(table)
-    beside = Beside(_beside_tree, built)
-    frame.complete(built, raw_names)
-    measured = stats.measure(built)
+    measured_here = threading.Event()
+    beside = Beside(_beside_tree, built, measured_here)
+    try:
+        frame.complete(built, raw_names)
+        measured = stats.measure(built)
+    finally:
+        measured_here.set()
     step_table, steps_doc, checks_doc, benefit_doc, projected = beside.result()
     if projected is not None:
         frame.project(built, projected)
@@ -63,10 +69,11 @@ def analyze(path: str, table, name_filter: str | None = None,
         cache_benefit=benefit_doc, per_step=per_step.per_step(built, step_table))
 
 
-def _beside_tree(built):
+def _beside_tree(built, measured_here):
     """What reads the table only: the step join and what reads it (the step table, the steps'
     summary, the checks, the cache benefit), then the device projection (None: no device
-    side)."""
+    side), once the host figures are measured: the two passes' columns are never held at once
+    (the analysis' peak memory)."""
     from mmscope.analyze.ranges import benefit, checks, device, steps
 
     pairs = steps.step_join(built)
@@ -75,7 +82,10 @@ def _beside_tree(built):
                benefit.cache_benefit(built, step_table))
     del pairs
     table = built.table
-    return figures + (None if table.device is None else device.per_range(table),)
+    if table.device is None:
+        return figures + (None,)
+    measured_here.wait()
+    return figures + (device.per_range(table),)
 
 
 def _malformed_check(table) -> list[dict]:
