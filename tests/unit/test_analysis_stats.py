@@ -126,11 +126,14 @@ def test_cache_benefit_numbers(built):
     assert b["encoder_share_of_preprocess"] == pytest.approx(1200 / 2200, abs=1e-6)
 
 
+@pytest.mark.parametrize("longest", [[], [3 * 10**9]], ids=["32-bit", "over-32-bit"])
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 10**9), min_size=1, max_size=60))
-def test_percentiles_are_nearest_rank(durations):
-    """DuckDB's quantile_disc is the nearest rank: the ceil(p n / 100)-th smallest."""
-    start = [2 * 10**9 * i for i in range(len(durations))]
+def test_percentiles_are_nearest_rank(longest, durations):
+    """DuckDB's quantile_disc is the nearest rank: the ceil(p n / 100)-th smallest (durations
+    ranked in 32 bits, and with a range over 2^31 ns in 64)."""
+    durations = durations + longest
+    start = [4 * 10**9 * i for i in range(len(durations))]
     table = build(raw_names=["x"], name_id=[0] * len(durations), start=start,
                   end=[s + d for s, d in zip(start, durations)], kind=[0] * len(durations),
                   thread=[1] * len(durations))
