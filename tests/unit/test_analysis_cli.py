@@ -164,3 +164,52 @@ def test_json_through_a_pipe_that_closes_early(profile):
     done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True)
     assert done.stdout.strip() == "{"
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+
+
+def _on_a_terminal(args: list[str], env: dict) -> str:
+    """A command's stderr when it is a terminal (a pseudo-terminal here), stdout piped away."""
+    import pty
+
+    main_fd, side_fd = pty.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-m", "mmscope.cli", *args], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=side_fd, env=env, timeout=300)
+    finally:
+        os.close(side_fd)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 4096)
+        except OSError:  # the terminal's other side is closed: all is read
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main_fd)
+    assert done.returncode == 0, out
+    return out.decode()
+
+
+def test_a_first_analysis_says_it_compiles_on_a_terminal(profile, tmp_path):
+    """With numba's cache empty (its own folder here), the run on a terminal says once that it
+    compiles the analyzer's passes; the next run loads them and says nothing more."""
+    from mmscope.analyze.commands.analyze import COMPILING
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    first = _on_a_terminal(["analyze", "--no-cache", profile], env)
+    assert first.count(COMPILING) == 1, first
+    assert COMPILING not in _on_a_terminal(["analyze", "--no-cache", profile], env)
+
+
+def test_piped_stderr_is_not_told_of_compiling(monkeypatch):
+    """Piped (scripts, CI logs), a compile says nothing: stderr keeps only what went wrong."""
+    import io
+
+    from numba import njit
+
+    from mmscope.analyze.commands.analyze import compiling_said
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with compiling_said():
+        assert njit(lambda x: x + 1)(1) == 2  # compiled here, never cached
+    assert sys.stderr.getvalue() == ""

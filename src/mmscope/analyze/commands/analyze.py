@@ -6,6 +6,7 @@ and a second run on an unchanged file answers from the analysis cache without th
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -116,7 +117,8 @@ def compute(path: str, name_filter: str | None, workers: int | None, raw_names: 
     from mmscope.analyze import load
     from mmscope.analyze.report.analysis import analyze
 
-    return analyze(path, load(path, workers=workers), name_filter, raw_names)
+    with compiling_said():
+        return analyze(path, load(path, workers=workers), name_filter, raw_names)
 
 
 def _write(path: str, write) -> None:
@@ -124,3 +126,38 @@ def _write(path: str, write) -> None:
         write()
     except OSError as e:
         raise UserError(f"{path}: cannot write ({e.strerror})") from None
+
+
+COMPILING = ("mmscope: compiling the analyzer's passes for this machine (once, about 10 s; later "
+             "runs load them)")
+
+
+def compiling_said():
+    """On a terminal, one line on stderr when numba compiles the analyzer's passes (through its
+    event API), once a process: a machine's first analysis, or the first after an upgrade, takes
+    that long once and would otherwise sit silent. Piped output stays as it was."""
+    import contextlib
+
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    from numba.core import event
+
+    return event.install_listener("numba:compile", _compiling_listener())
+
+
+@functools.cache
+def _compiling_listener():
+    from numba.core import event
+
+    class Said(event.Listener):
+        said = False
+
+        def on_start(self, ev) -> None:  # numba compiles under its lock: one thread at a time
+            if not self.said:
+                self.said = True
+                print(COMPILING, file=sys.stderr, flush=True)
+
+        def on_end(self, ev) -> None:
+            pass
+
+    return Said()

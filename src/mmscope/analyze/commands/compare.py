@@ -75,14 +75,16 @@ def _stages(path: str, name_filter: str | None, workers: int | None, no_cache: b
     if doc is not None:
         return doc["stages"]
     from mmscope.analyze import load
+    from mmscope.analyze.commands.analyze import compiling_said
     from mmscope.analyze.readers import malformed
     from mmscope.analyze.report.analysis import stage_stats
 
-    table = load(path, workers=workers)
-    said = malformed.line(table.malformed.doc() if table.malformed else None)
-    if said:
-        print(f"mmscope: {path}: {said}", file=sys.stderr)
-    return stage_stats(table, name_filter, raw_names)
+    with compiling_said():
+        table = load(path, workers=workers)
+        said = malformed.line(table.malformed.doc() if table.malformed else None)
+        if said:
+            print(f"mmscope: {path}: {said}", file=sys.stderr)
+        return stage_stats(table, name_filter, raw_names)
 
 
 def run(args) -> int:
