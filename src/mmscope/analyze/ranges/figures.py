@@ -137,8 +137,8 @@ class Measured:
         slot_of_node = np.empty(n_nodes, np.int64)
         slot_of_node[slots] = np.arange(n_nodes)
         off = np.concatenate([[0], np.cumsum(self.sums[slots, 0])])
-        # The durations in 32 bits where the longest fits (ranges under 2.1 s): half the memory
-        # of the analysis' largest column but the table's own.
+        # The durations in 32 bits where the longest fits (every range under 2.1 s): this
+        # pass' column as long as the table in half the memory.
         longest = int(self.sums[:, 4].max(initial=0))
         grouped = np.empty(len(node), np.int32 if longest <= np.iinfo(np.int32).max
                            else np.int64)
