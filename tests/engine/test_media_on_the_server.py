@@ -126,14 +126,16 @@ def test_a_slow_fetch_is_the_fetch_stage_on_metrics(slow, media_server):
 def test_the_media_part_holds_the_fetch_and_the_parts_add_up_to_vllms_ttft(slow):
     for _, delta, parts, _ in slow:
         fetch_and_decode = stage_sum(delta, FETCH_HTTP) + stage_sum(delta, DECODE_HTTP)
-        assert parts["media"] >= fetch_and_decode - 1e-6  # the item's wall time holds both
+        # The item's wall time holds both, and nothing beyond them (compared with its own
+        # stages, not the delay: a loaded machine stretches the decode, not the rule).
+        assert fetch_and_decode - 1e-6 <= parts["media"] <= fetch_and_decode + TOLERANCE_S
         assert abs(sum(parts[p] for p in stages.TTFT_PARTS) - parts["ttft"]) < 1e-3
         assert parts["render"] >= 0 and parts["processor"] > 0
         assert delta[key(f"{PARTS}_sum", encoder_cache="miss", part="media")] == pytest.approx(
             parts["media"], abs=1e-5)
     media = [parts["media"] for _, _, parts, _ in slow]
     print("media part", media)
-    assert min(media) >= DELAY_S and min(media) <= DELAY_S + TOLERANCE_S
+    assert min(media) >= DELAY_S
 
 
 def test_the_request_span_has_a_media_child_span(slow, otlp_receiver):
