@@ -172,8 +172,9 @@ def _on_a_terminal(args: list[str], env: dict) -> str:
 
     main_fd, side_fd = pty.openpty()
     try:
-        done = subprocess.run([sys.executable, "-m", "mmscope.cli", *args], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=side_fd, env=env, timeout=300)
+        done = subprocess.run([sys.executable, "-m", "mmscope.cli", *args],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=side_fd,
+                              env=env, timeout=300)
     finally:
         os.close(side_fd)
     out = b""
